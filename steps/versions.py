@@ -1,0 +1,69 @@
+"""Fail fast when the installed SDK cannot talk to the training-session API.
+
+sagemaker-train < 1.27 has no ``sagemaker.train.training_session``; a botocore
+older than 1.44 has no ``CreateTrainingSession`` operation and no
+``sagemakertrainingsessionruntime`` service model. Either one otherwise shows
+up much later as an AttributeError or UnknownServiceError deep inside a run
+that may already have billed resources, so every entry point calls
+:func:`require_training_session_sdk` before its first AWS call.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+from dataclasses import dataclass
+
+FIX = "pip install 'sagemaker-train>=1.27' 'botocore>=1.44.8,<1.45' 'boto3>=1.44.8,<1.45'"
+
+
+@dataclass(frozen=True)
+class SdkProblem:
+    what: str
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def find_sdk_problems() -> list[SdkProblem]:
+    """Return what is missing; an empty list means the SDK is usable."""
+    problems: list[SdkProblem] = []
+    try:
+        importlib.import_module("sagemaker.train.training_session")
+    except ImportError as exc:
+        problems.append(SdkProblem(f"sagemaker.train.training_session cannot be imported ({exc})"))
+    try:
+        import botocore.session
+
+        session = botocore.session.get_session()
+        available = session.get_available_services()
+        if "sagemakertrainingsessionruntime" not in available:
+            problems.append(SdkProblem("botocore has no 'sagemakertrainingsessionruntime' service model"))
+        sm_model = session.get_service_model("sagemaker")
+        if "CreateTrainingSession" not in sm_model.operation_names:
+            problems.append(SdkProblem("botocore's 'sagemaker' model has no CreateTrainingSession operation"))
+    except ImportError as exc:
+        problems.append(SdkProblem(f"botocore cannot be imported ({exc})"))
+    return problems
+
+
+def describe_installed() -> str:
+    return ", ".join(f"{d} {_version(d)}" for d in ("sagemaker-train", "botocore", "boto3"))
+
+
+def require_training_session_sdk() -> None:
+    """Exit with an actionable message unless the training-session API is usable."""
+    problems = find_sdk_problems()
+    if not problems:
+        return
+    lines = [f"  - {p.what}" for p in problems]
+    sys.stderr.write(
+        "error: the installed AWS SDK cannot use SageMaker training sessions:\n"
+        + "\n".join(lines)
+        + f"\n  installed: {describe_installed()}\n  fix: {FIX}\n"
+    )
+    raise SystemExit(3)
