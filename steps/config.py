@@ -118,13 +118,24 @@ def _type_ok(value: Any, annotation: str) -> bool:
     return True
 
 
+def _float_or_same(text: str) -> float | str:
+    # YAML 1.1 reads "1e-5" as a string (it wants "1.0e-5"); users write both.
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _build(cls: type, section: str, values: Mapping[str, Any], source: str) -> Any:
     known = {f.name: f for f in fields(cls)}
     for key in values:
         if key not in known:
             raise ConfigError(f"{source}: unknown key '{section}.{key}' (known keys: {', '.join(known)})")
-    for key, value in values.items():
+    values = dict(values)
+    for key, value in list(values.items()):
         f = known[key]
+        if isinstance(value, str) and "float" in str(f.type):
+            value = values[key] = _float_or_same(value)
         if not _type_ok(value, str(f.type)):
             raise ConfigError(f"{source}: '{section}.{key}' must be of type {f.type}, got {value!r}")
         if isinstance(value, int) and not isinstance(value, bool) and "float" in str(f.type):
@@ -185,6 +196,10 @@ def _parse_scalar(text: str) -> Any:
     # Hyperparameters arrive as strings; YAML's scalar rules give ints, floats,
     # bools and null the way a user would write them in the file.
     try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
@@ -201,8 +216,8 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any], source
         if name not in owner or (section and owner[name] != section):
             raise ConfigError(f"{source}: unknown setting '{key}' (known: {', '.join(sorted(owner))})")
         parsed = _parse_scalar(value) if isinstance(value, str) else value
-        if types[name].startswith("str") and isinstance(value, str) and parsed is not None:
-            parsed = value  # a string setting stays the string it was given
+        if types[name].startswith("str") and isinstance(value, str) and not isinstance(parsed, str) and parsed is not None:
+            parsed = value  # a string setting stays the string it was given ("123" is not 123)
         out.setdefault(owner[name], {})[name] = parsed
     return out
 

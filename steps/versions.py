@@ -13,6 +13,7 @@ import importlib
 import importlib.metadata
 import sys
 from dataclasses import dataclass
+from typing import Any, Callable
 
 FIX = "pip install 'sagemaker-train>=1.27' 'botocore>=1.44.8,<1.45' 'boto3>=1.44.8,<1.45'"
 
@@ -29,22 +30,29 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def find_sdk_problems() -> list[SdkProblem]:
-    """Return what is missing; an empty list means the SDK is usable."""
+def find_sdk_problems(import_module: Callable[[str], Any] = importlib.import_module,
+                      botocore_session: Any = None) -> list[SdkProblem]:
+    """Return what is missing; an empty list means the SDK is usable.
+
+    The import function and botocore session are parameters so tests can point
+    the check at an older SDK layout without uninstalling anything.
+    """
     problems: list[SdkProblem] = []
     try:
-        importlib.import_module("sagemaker.train.training_session")
+        import_module("sagemaker.train.training_session")
     except ImportError as exc:
         problems.append(SdkProblem(f"sagemaker.train.training_session cannot be imported ({exc})"))
     try:
         import botocore.session
 
-        session = botocore.session.get_session()
-        available = session.get_available_services()
-        if "sagemakertrainingsessionruntime" not in available:
+        session = botocore_session or botocore.session.get_session()
+        if "sagemakertrainingsessionruntime" not in session.get_available_services():
             problems.append(SdkProblem("botocore has no 'sagemakertrainingsessionruntime' service model"))
-        sm_model = session.get_service_model("sagemaker")
-        if "CreateTrainingSession" not in sm_model.operation_names:
+        try:
+            operations = session.get_service_model("sagemaker").operation_names
+        except Exception:  # no sagemaker model at all
+            operations = []
+        if "CreateTrainingSession" not in operations:
             problems.append(SdkProblem("botocore's 'sagemaker' model has no CreateTrainingSession operation"))
     except ImportError as exc:
         problems.append(SdkProblem(f"botocore cannot be imported ({exc})"))
@@ -55,9 +63,9 @@ def describe_installed() -> str:
     return ", ".join(f"{d} {_version(d)}" for d in ("sagemaker-train", "botocore", "boto3"))
 
 
-def require_training_session_sdk() -> None:
+def require_training_session_sdk(problems: list[SdkProblem] | None = None) -> None:
     """Exit with an actionable message unless the training-session API is usable."""
-    problems = find_sdk_problems()
+    problems = find_sdk_problems() if problems is None else problems
     if not problems:
         return
     lines = [f"  - {p.what}" for p in problems]

@@ -1,0 +1,71 @@
+"""Training datums in the tinker-cookbook layout.
+
+For a sequence ``prompt + completion`` the model sees every token but the last
+(``model_input``) and is scored on the sequence shifted by one
+(``target_tokens``). Positions that predict a prompt token carry weight 0,
+advantage 0 and logprob 0; positions that predict a completion token carry the
+sample's weight, its (scaled) advantage and the logprob the sampler reported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from sagemaker.train.training_session import Datum, ModelInput, TensorData, TensorDtype
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One completion ready to train on."""
+
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    sampling_logprobs: tuple[float, ...]
+    advantage: float
+    weight: float = 1.0  # 0 masks the sample (overlong filtering)
+
+
+def token_scales(samples: Sequence[TrainSample], aggregation: str) -> list[float]:
+    """Per-sample multiplier on the advantage that fixes how tokens are weighted.
+
+    The service sums the loss over tokens, so every token already counts the
+    same (DAPO's token-level loss). ``token`` keeps that and divides by the
+    batch's trained-token count, one constant, so the loss reads as a token
+    mean. ``sequence`` divides each sample by its own length and by the number
+    of samples: GRPO's original per-sample mean, where a long completion's
+    tokens count less.
+    """
+    lengths = [len(s.completion) for s in samples]
+    if aggregation == "token":
+        total = sum(n for n, s in zip(lengths, samples) if s.weight > 0) or 1
+        return [1.0 / total] * len(samples)
+    if aggregation == "sequence":
+        count = sum(1 for s in samples if s.weight > 0) or 1
+        return [1.0 / (max(n, 1) * count) for n in lengths]
+    raise ValueError(f"unknown loss_aggregation {aggregation!r} (use 'token' or 'sequence')")
+
+
+def build_datum(sample: TrainSample, scale: float = 1.0) -> Datum:
+    """Lay one sample out as a Datum for an RL loss (ppo / importance_sampling / cispo)."""
+    if len(sample.sampling_logprobs) != len(sample.completion):
+        raise ValueError(
+            f"sample has {len(sample.completion)} completion tokens but "
+            f"{len(sample.sampling_logprobs)} sampling logprobs"
+        )
+    tokens = list(sample.prompt) + list(sample.completion)
+    n_prompt_positions = len(sample.prompt) - 1  # positions predicting prompt tokens
+    n_completion = len(sample.completion)
+    zeros = [0.0] * n_prompt_positions
+    advantage = sample.advantage * scale
+    inputs = {
+        "target_tokens": TensorData(data=tokens[1:], dtype=TensorDtype.INT64),
+        "weights": TensorData(data=zeros + [sample.weight] * n_completion),
+        "advantages": TensorData(data=zeros + [advantage] * n_completion),
+        "logprobs": TensorData(data=zeros + [float(x) for x in sample.sampling_logprobs]),
+    }
+    return Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+def build_datums(samples: Sequence[TrainSample], aggregation: str) -> list[Datum]:
+    scales = token_scales(samples, aggregation)
+    return [build_datum(s, c) for s, c in zip(samples, scales)]

@@ -1,0 +1,95 @@
+"""`python -m steps.evaluate`: the EvaluateModel step.
+
+Greedy answers from the trained model package (or, with --base, from the base
+model it was trained from) on the first `eval_size` held-out questions.
+`evaluation.json` follows SageMaker's model-quality layout so the pipeline's
+ConditionStep reads `metrics.accuracy.value` with JsonGet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from steps.config import config_from_dict
+from steps.data import load_examples
+from steps.evaluation import EvalResult, evaluate_greedy
+from steps.model_artifact import ModelArtifactError, read_model_json
+from steps.session import SessionConfigError, service_client
+from steps.tokenization import load_tokenizer
+from steps.versions import require_training_session_sdk
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m steps.evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="model dir, model.tar.gz, or a dir holding it")
+    p.add_argument("--eval", required=True, help="held-out .jsonl file or directory")
+    p.add_argument("--output", required=True, help="directory for evaluation.json and predictions.jsonl")
+    p.add_argument("--eval-size", type=int, default=None, help="questions to evaluate (default: dapo.eval_size of the run)")
+    p.add_argument("--base", action="store_true", help="evaluate the base model the run started from instead")
+    return p.parse_args(argv)
+
+
+def report(result: EvalResult, model_arn: str, evaluated: str) -> dict[str, Any]:
+    return {
+        "metrics": {"accuracy": {"value": result.accuracy}, "format_error_rate": {"value": result.format_error_rate}},
+        "n": result.n,
+        "failed_requests": result.failed,
+        "model_package_arn": model_arn,
+        "evaluated": evaluated,
+    }
+
+
+def write_outputs(out: Path, evaluation: dict[str, Any], result: EvalResult) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "predictions.jsonl", "w", encoding="utf-8") as f:
+        for p in result.predictions:
+            f.write(json.dumps(asdict(p)) + "\n")
+    # evaluation.json last and atomically: its presence means the evaluation finished.
+    tmp = out / ".evaluation.json.tmp"
+    tmp.write_text(json.dumps(evaluation, indent=2), encoding="utf-8")
+    tmp.replace(out / "evaluation.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    model = read_model_json(args.model)
+    cfg = config_from_dict(model["config"], source=f"{args.model}: model.json config")
+    size = args.eval_size or cfg.dapo.eval_size
+    if size < 1:
+        raise ValueError(f"--eval-size must be >= 1, got {size}")
+    examples = load_examples(args.eval)[:size]
+    if not examples:
+        raise ValueError(f"{args.eval}: no evaluation examples")
+    tokenizer = load_tokenizer(cfg.session.tokenizer)
+    svc = service_client(cfg.session)
+    if args.base:
+        client, evaluated = svc.create_sampling_client(base_model=cfg.session.base_model), "base_model"
+    else:
+        client, evaluated = svc.create_sampling_client(model_package_arn=model["model_package_arn"]), "model_package"
+    with client:  # the implicit sampling session is stopped however this ends
+        result = evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries)
+    arn = cfg.session.base_model if args.base else model["model_package_arn"]
+    write_outputs(Path(args.output), report(result, arn, evaluated), result)
+    print(f"eval: accuracy={result.accuracy:.4f} format_error_rate={result.format_error_rate:.4f} "
+          f"n={result.n} failed_requests={result.failed} ({evaluated})", flush=True)
+    if result.failed:
+        print(f"warning: {result.failed} of {result.n} requests failed after retries and were counted as wrong",
+              file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    require_training_session_sdk()
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (ModelArtifactError, SessionConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

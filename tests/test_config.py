@@ -1,0 +1,79 @@
+import pytest
+
+from steps.config import ConfigError, apply_overrides, config_from_dict, load_config
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_dapo():
+    cfg = config_from_dict({})
+    assert (cfg.dapo.clip_low_threshold, cfg.dapo.clip_high_threshold) == (0.8, 1.28)
+    assert cfg.dapo.loss_fn == "ppo"
+
+
+@pytest.mark.parametrize(
+    "section,key,value,words",
+    [
+        ("dapo", "group_size", 1, "'dapo.group_size' must be >= 2"),
+        ("dapo", "batch_size", 0, "'dapo.batch_size' must be >= 1"),
+        ("dapo", "clip_low_threshold", 0.0, "'dapo.clip_low_threshold' must be in (0, 1]"),
+        ("dapo", "clip_low_threshold", 1.2, "'dapo.clip_low_threshold' must be in (0, 1]"),
+        ("dapo", "clip_high_threshold", 0.9, "'dapo.clip_high_threshold' must be in [1, 10]"),
+        ("dapo", "max_tokens", 100, "'dapo.max_tokens' must be >= 512"),
+        ("dapo", "loss_fn", "dpo", "'dapo.loss_fn' must be one of ppo, importance_sampling, cispo"),
+        ("dapo", "learning_rate", "fast", "'dapo.learning_rate' must be of type"),
+        ("dapo", "overlong_filtering", "yes please", "'dapo.overlong_filtering' must be of type"),
+        ("dapo", "lr", 0.1, "unknown key 'dapo.lr'"),
+        ("session", "lora_rank", 0, "'session.lora_rank' must be >= 1"),
+    ],
+)
+def test_bad_values_name_file_and_key(tmp_path, section, key, value, words):
+    import yaml
+
+    path = write(tmp_path, yaml.safe_dump({section: {key: value}}))
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert str(path) in str(exc.value)
+    assert words in str(exc.value)
+
+
+def test_unknown_section_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="unknown section 'trainer'"):
+        load_config(write(tmp_path, "trainer: {}\n"))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "dapo: [unclosed\n"))
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_cross_field_checks(tmp_path):
+    with pytest.raises(ConfigError, match="set 'dapo.max_steps' or 'dapo.epochs'"):
+        load_config(write(tmp_path, "dapo: {max_steps: null}\n"))
+    with pytest.raises(ConfigError, match="overlong_buffer"):
+        load_config(write(tmp_path, "dapo: {max_tokens: 512, overlong_buffer: 600}\n"))
+
+
+def test_hyperparameter_overrides_are_routed_and_typed(tmp_path):
+    path = write(tmp_path, "dapo: {batch_size: 8}\nsession: {region: us-west-2}\n")
+    cfg = load_config(path, {"batch_size": "64", "learning_rate": "3e-5", "overlong_filtering": "false",
+                             "role_arn": "arn:aws:iam::123456789012:role/x", "dapo.seed": "7",
+                             "base_model": '"quoted-name"'})
+    assert cfg.dapo.batch_size == 64 and cfg.dapo.learning_rate == 3e-5 and cfg.dapo.seed == 7
+    assert cfg.dapo.overlong_filtering is False
+    assert cfg.session.role_arn == "arn:aws:iam::123456789012:role/x"
+    assert cfg.session.base_model == "quoted-name"
+    assert cfg.session.region == "us-west-2"
+
+
+def test_override_of_unknown_key_is_an_error():
+    with pytest.raises(ConfigError, match="unknown setting 'batchsize'"):
+        apply_overrides({}, {"batchsize": "3"}, "hp")
+    with pytest.raises(ConfigError, match="unknown setting 'session.batch_size'"):
+        apply_overrides({}, {"session.batch_size": "3"}, "hp")
+    # An override is validated like the file: out of range names the key.
+    with pytest.raises(ConfigError, match="'dapo.group_size' must be >= 2"):
+        config_from_dict(apply_overrides({}, {"group_size": "1"}, "hp"), "hp")
