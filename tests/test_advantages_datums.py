@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+from steps.advantages import group_advantages, is_informative, overlong_penalty
+from steps.datums import TrainSample, build_datum, build_datums, token_scales
+
+
+def test_group_advantages_centre_on_the_group_mean():
+    assert group_advantages([1, 0, 0, 1]) == [0.5, -0.5, -0.5, 0.5]
+    scaled = group_advantages([1, 0, 0, 0], std_scaling=True)
+    assert np.isclose(np.std([1, 0, 0, 0]) * scaled[0], 0.75)
+    assert group_advantages([1, 1, 1], std_scaling=True) == [0.0, 0.0, 0.0]
+
+
+def test_informative_groups_have_mixed_rewards():
+    assert is_informative([0, 1, 0])
+    assert not is_informative([1, 1, 1]) and not is_informative([0.0, 0.0])
+
+
+@pytest.mark.parametrize("length,expected", [(100, 0.0), (412, 0.0), (462, -0.5), (512, -1.0), (600, -1.0)])
+def test_overlong_penalty_is_dapo_soft_punishment(length, expected):
+    assert overlong_penalty(length, max_tokens=512, buffer=100, penalty=1.0) == pytest.approx(expected)
+    assert overlong_penalty(length, max_tokens=512, buffer=0, penalty=1.0) == 0.0
+
+
+def test_datum_layout_shifts_by_one_and_masks_the_prompt():
+    s = TrainSample(prompt=(10, 11, 12), completion=(20, 21, 22), sampling_logprobs=(-0.1, -0.2, -0.3), advantage=0.5)
+    d = build_datum(s)
+    assert d.model_input.chunks[0].tokens == [10, 11, 12, 20, 21]
+    li = d.loss_fn_inputs
+    assert li["target_tokens"].data == [11, 12, 20, 21, 22]
+    assert li["weights"].data == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert li["advantages"].data == [0.0, 0.0, 0.5, 0.5, 0.5]
+    assert li["logprobs"].data == [0.0, 0.0, -0.1, -0.2, -0.3]
+    assert all(len(v.data) == 5 for v in li.values())
+
+
+def test_datum_rejects_missing_logprobs():
+    with pytest.raises(ValueError, match="3 completion tokens but 0 sampling logprobs"):
+        build_datum(TrainSample((1, 2), (3, 4, 5), (), 1.0))
+
+
+def _per_token_weight(datums):
+    """|advantage| per trained token, per datum: the weight each token gets in the summed loss."""
+    return [[abs(a) for a, w in zip(d.loss_fn_inputs["advantages"].data, d.loss_fn_inputs["weights"].data) if w > 0]
+            for d in datums]
+
+
+def test_token_aggregation_weights_every_token_equally():
+    short = TrainSample((1, 2), (3,) * 2, (-1.0,) * 2, 1.0)
+    long = TrainSample((1, 2), (3,) * 8, (-1.0,) * 8, 1.0)
+    weights = _per_token_weight(build_datums([short, long], "token"))
+    flat = [w for ws in weights for w in ws]
+    assert max(flat) == pytest.approx(min(flat)) == pytest.approx(1 / 10)  # one constant: 1 / trained tokens
+
+
+def test_sequence_aggregation_weights_each_sample_equally():
+    short = TrainSample((1, 2), (3,) * 2, (-1.0,) * 2, 1.0)
+    long = TrainSample((1, 2), (3,) * 8, (-1.0,) * 8, 1.0)
+    w_short, w_long = _per_token_weight(build_datums([short, long], "sequence"))
+    assert sum(w_short) == pytest.approx(sum(w_long)) == pytest.approx(0.5)  # per-sample mean, averaged over 2
+    assert w_short[0] == pytest.approx(4 * w_long[0])
+
+
+def test_masked_samples_do_not_count_towards_the_token_total():
+    kept = TrainSample((1,), (3,) * 4, (-1.0,) * 4, 1.0)
+    masked = TrainSample((1,), (3,) * 6, (-1.0,) * 6, 1.0, weight=0.0)
+    assert token_scales([kept, masked], "token") == [0.25, 0.25]
+    with pytest.raises(ValueError, match="loss_aggregation"):
+        token_scales([kept], "mean")
