@@ -1,0 +1,298 @@
+"""Run a SageMaker pipeline definition (build/pipeline.json) on this machine.
+
+A small interpreter for the step types our definition uses, so `make local-run`
+follows the same DAG, arguments and data flow SageMaker would, instead of a
+second hand-wired copy:
+
+- Processing: download each `ProcessingInputs` S3 prefix to its local path, run
+  the `ContainerEntrypoint` + `ContainerArguments`, upload each output.
+- Training: download the channels, write hyperparameters.json, run the image's
+  `train` command under the SageMaker training contract (SM_* variables),
+  sync the checkpoint dir, upload `model.tar.gz`.
+- Condition: evaluate the conditions (Parameters, step properties, JsonGet on
+  property files) and run the chosen branch.
+- Fail: stop the execution with the resolved error message.
+
+Container paths (/opt/ml/...) are mapped under a per-step work directory.
+S3 is whatever the boto3 client points at (moto locally).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+# What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh).
+IMAGE_COMMANDS = {"train": [sys.executable, "-m", "steps.train"]}
+
+
+class PipelineFailed(RuntimeError):
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"{step}: {message}")
+        self.step = step
+        self.message = message
+
+
+@dataclass
+class StepRecord:
+    name: str
+    type: str
+    status: str = "Executing"
+    message: str = ""
+    properties: dict[str, Any] = field(default_factory=dict)
+
+
+# -- expressions --------------------------------------------------------------------
+_INDEX = re.compile(r"^(\w+)(?:\[['\"]?([^'\"\]]+)['\"]?\])?$")
+
+
+def _walk(obj: Any, path: str) -> Any:
+    """Follow a property path like ProcessingOutputConfig.Outputs['validated'].S3Output.S3Uri."""
+    for part in re.split(r"\.(?![^\[]*\])", path):
+        m = _INDEX.match(part)
+        if not m:
+            raise KeyError(f"cannot parse property path segment {part!r}")
+        key, index = m.groups()
+        obj = obj[key]
+        if index is not None:
+            if isinstance(obj, list):  # Outputs['name'] selects by name
+                matches = [o for o in obj if index in (o.get("OutputName"), o.get("ChannelName"), o.get("MetricName"))]
+                obj = matches[0] if matches else obj[int(index)]
+            else:
+                obj = obj[index]
+    return obj
+
+
+def _json_path(doc: Any, path: str) -> Any:
+    for part in path.split("."):
+        m = re.match(r"^(\w+)(?:\[(\d+)\])?$", part)
+        if not m:
+            raise KeyError(f"unsupported JsonGet path segment {part!r}")
+        doc = doc[m.group(1)]
+        if m.group(2) is not None:
+            doc = doc[int(m.group(2))]
+    return doc
+
+
+# -- the executor -------------------------------------------------------------------
+@dataclass
+class LocalExecution:
+    definition: dict[str, Any]
+    parameters: dict[str, Any]
+    s3: Any  # boto3 S3 client
+    workdir: Path
+    env: dict[str, str]
+    execution_id: str
+    on_line: Callable[[str, str], None] = lambda step, line: None  # streamed step output
+    on_status: Callable[[StepRecord], None] = lambda rec: None
+    records: dict[str, StepRecord] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        declared = {p["Name"]: p.get("DefaultValue") for p in self.definition.get("Parameters", [])}
+        unknown = set(self.parameters) - set(declared)
+        if unknown:
+            raise ValueError(f"unknown pipeline parameter(s): {', '.join(sorted(unknown))}")
+        self.values = {**declared, **self.parameters}
+
+    # expressions
+    def resolve(self, expr: Any) -> Any:
+        if isinstance(expr, list):
+            return [self.resolve(e) for e in expr]
+        if not isinstance(expr, dict):
+            return expr
+        if set(expr) == {"Get"}:
+            return self._get(expr["Get"])
+        if set(expr) == {"Std:Join"}:
+            j = expr["Std:Join"]
+            return str(j["On"]).join(str(self.resolve(v)) for v in j["Values"])
+        if set(expr) == {"Std:JsonGet"}:
+            return self._json_get(expr["Std:JsonGet"])
+        return {k: self.resolve(v) for k, v in expr.items()}
+
+    def _get(self, ref: str) -> Any:
+        head, _, rest = ref.partition(".")
+        if head == "Parameters":
+            return self.values[rest]
+        if head == "Execution":
+            return {"PipelineExecutionId": self.execution_id, "PipelineName": "local",
+                    "PipelineExecutionArn": f"arn:local:pipeline-execution/{self.execution_id}"}[rest]
+        if head == "Steps":
+            step, _, path = rest.partition(".")
+            rec = self.records.get(step)
+            if rec is None or rec.status != "Succeeded":
+                raise KeyError(f"{ref}: step {step} has not succeeded")
+            return _walk(rec.properties, path)
+        raise KeyError(f"unsupported reference {ref!r}")
+
+    def _json_get(self, spec: dict[str, Any]) -> Any:
+        pf_ref = spec["PropertyFile"]["Get"] if isinstance(spec["PropertyFile"], dict) else spec["PropertyFile"]
+        _, step, _, name = pf_ref.split(".", 3)
+        rec = self.records[step]
+        pf = next(p for p in rec.properties["PropertyFiles"] if p["PropertyFileName"] == name)
+        uri = _walk(rec.properties, f"ProcessingOutputConfig.Outputs['{pf['OutputName']}'].S3Output.S3Uri")
+        bucket, key = _split(uri.rstrip("/") + "/" + pf["FilePath"])
+        doc = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        return _json_path(doc, spec["Path"])
+
+    # running
+    def run(self) -> None:
+        for step in self._ordered(self.definition["Steps"]):
+            self._run_step(step)
+
+    def _ordered(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Topological order from `Get Steps.X` references and DependsOn."""
+        names = {s["Name"] for s in steps}
+        deps = {s["Name"]: ({d for d in re.findall(r'"Steps\.(\w+)', json.dumps(s["Arguments"])) if d in names}
+                            | set(s.get("DependsOn", [])) | {d for d in _property_file_steps(s) if d in names}) - {s["Name"]}
+                for s in steps}
+        order: list[dict[str, Any]] = []
+        done: set[str] = set()
+        while len(order) < len(steps):
+            ready = [s for s in steps if s["Name"] not in done and deps[s["Name"]] <= done]
+            if not ready:
+                raise ValueError(f"cycle or dangling reference among steps {sorted(names - done)}")
+            for s in ready:
+                order.append(s)
+                done.add(s["Name"])
+        return order
+
+    def _run_step(self, step: dict[str, Any]) -> None:
+        rec = StepRecord(step["Name"], step["Type"])
+        self.records[rec.name] = rec
+        self.on_status(rec)
+        runner = {"Processing": self._processing, "Training": self._training,
+                  "Condition": self._condition, "Fail": self._fail}.get(step["Type"])
+        if runner is None:
+            raise ValueError(f"step {rec.name}: type {step['Type']} is not supported by the local runner")
+        try:
+            runner(step, rec)
+        except PipelineFailed as exc:
+            rec.status, rec.message = "Failed", exc.message
+            self.on_status(rec)
+            raise
+        rec.status = "Succeeded"
+        self.on_status(rec)
+
+    def _container_path(self, rec: StepRecord, path: str) -> Path:
+        return self.workdir / rec.name / path.lstrip("/")
+
+    def _map_args(self, rec: StepRecord, args: list[Any]) -> list[str]:
+        return [str(self._container_path(rec, a)) if str(a).startswith("/opt/ml/") else str(a) for a in args]
+
+    def _exec(self, rec: StepRecord, cmd: list[str], env: dict[str, str]) -> None:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**self.env, **env}, cwd=str(Path(__file__).resolve().parents[1]))
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail = (tail + [line])[-15:]
+            self.on_line(rec.name, line)
+        code = proc.wait()
+        if code != 0:
+            errors = [l for l in tail if l.startswith("error:")] or tail[-5:]
+            raise PipelineFailed(rec.name, f"exit code {code}: " + " | ".join(errors))
+
+    def _processing(self, step: dict[str, Any], rec: StepRecord) -> None:
+        args = self.resolve(step["Arguments"])
+        rec.properties = {**args, "PropertyFiles": step.get("PropertyFiles", [])}
+        for inp in args.get("ProcessingInputs", []):
+            s3in = inp["S3Input"]
+            self._download(s3in["S3Uri"], self._container_path(rec, s3in["LocalPath"]))
+        outputs = args.get("ProcessingOutputConfig", {}).get("Outputs", [])
+        for out in outputs:
+            self._container_path(rec, out["S3Output"]["LocalPath"]).mkdir(parents=True, exist_ok=True)
+        app = args["AppSpecification"]
+        cmd = [sys.executable if a == "python" else a for a in app["ContainerEntrypoint"]]
+        self._exec(rec, cmd + self._map_args(rec, app.get("ContainerArguments", [])), {})
+        for out in outputs:
+            self._upload(self._container_path(rec, out["S3Output"]["LocalPath"]), out["S3Output"]["S3Uri"])
+
+    def _training(self, step: dict[str, Any], rec: StepRecord) -> None:
+        args = self.resolve(step["Arguments"])
+        job = f"{rec.name}-{self.execution_id}"
+        root = self._container_path(rec, "/opt/ml")
+        env = {"SM_MODEL_DIR": str(root / "model"), "SM_OUTPUT_DATA_DIR": str(root / "output/data"),
+               "SM_TRAINING_JOB_NAME": job}
+        for ch in args.get("InputDataConfig", []):
+            local = root / "input/data" / ch["ChannelName"]
+            self._download(ch["DataSource"]["S3DataSource"]["S3Uri"], local)
+            env[f"SM_CHANNEL_{ch['ChannelName'].upper()}"] = str(local)
+        hp = root / "input/config/hyperparameters.json"
+        hp.parent.mkdir(parents=True, exist_ok=True)
+        hp.write_text(json.dumps(args.get("HyperParameters", {})))
+        ckpt = args.get("CheckpointConfig")
+        ckpt_dir = self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")) if ckpt else root / "checkpoints"
+        if ckpt:
+            self._download(ckpt["S3Uri"], ckpt_dir)
+        cmd = IMAGE_COMMANDS["train"] + ["--hyperparameters", str(hp), "--checkpoint-dir", str(ckpt_dir)]
+        try:
+            self._exec(rec, cmd, env)
+        finally:
+            if ckpt:  # SageMaker syncs checkpoints whether or not the job succeeded
+                self._upload(ckpt_dir, ckpt["S3Uri"])
+        model_uri = f"{args['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{job}/output/model.tar.gz"
+        self._upload_tar(root / "model", model_uri)
+        self._upload(root / "output/data", f"{args['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{job}/output/data")
+        rec.properties = {**args, "TrainingJobName": job, "ModelArtifacts": {"S3ModelArtifacts": model_uri}}
+
+    def _condition(self, step: dict[str, Any], rec: StepRecord) -> None:
+        args = step["Arguments"]
+        ok = all(self._holds(c) for c in args["Conditions"])
+        rec.properties = {"Outcome": ok}
+        rec.message = "true" if ok else "false"
+        for branch in self._ordered(args["IfSteps"] if ok else args["ElseSteps"]):
+            self._run_step(branch)
+
+    def _holds(self, cond: dict[str, Any]) -> bool:
+        ops = {"GreaterThanOrEqualTo": lambda a, b: a >= b, "GreaterThan": lambda a, b: a > b,
+               "LessThanOrEqualTo": lambda a, b: a <= b, "LessThan": lambda a, b: a < b,
+               "Equals": lambda a, b: a == b}
+        if cond["Type"] not in ops:
+            raise ValueError(f"condition type {cond['Type']} is not supported by the local runner")
+        return ops[cond["Type"]](float(self.resolve(cond["LeftValue"])), float(self.resolve(cond["RightValue"])))
+
+    def _fail(self, step: dict[str, Any], rec: StepRecord) -> None:
+        raise PipelineFailed(rec.name, str(self.resolve(step["Arguments"].get("ErrorMessage", ""))))
+
+    # S3 transfer
+    def _download(self, uri: str, local: Path) -> None:
+        bucket, prefix = _split(uri)
+        local.mkdir(parents=True, exist_ok=True)
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix):].lstrip("/") or Path(obj["Key"]).name
+                target = local / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.s3.download_file(bucket, obj["Key"], str(target))
+
+    def _upload(self, local: Path, uri: str) -> None:
+        bucket, prefix = _split(uri)
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            self.s3.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.relative_to(local).as_posix()}")
+
+    def _upload_tar(self, local: Path, uri: str) -> None:
+        local.mkdir(parents=True, exist_ok=True)
+        tar_path = local.parent / "model.tar.gz"
+        with tarfile.open(tar_path, "w:gz") as tar:
+            for path in sorted(local.rglob("*")):
+                tar.add(path, arcname=path.relative_to(local).as_posix())
+        bucket, key = _split(uri)
+        self.s3.upload_file(str(tar_path), bucket, key)
+
+
+def _property_file_steps(step: dict[str, Any]) -> set[str]:
+    return set(re.findall(r'Steps\.(\w+)\.PropertyFiles', json.dumps(step["Arguments"])))
+
+
+def _split(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an S3 URI: {uri!r}")
+    bucket, _, key = uri[5:].partition("/")
+    return bucket, key

@@ -1,0 +1,154 @@
+"""`make local-run`: the whole pipeline on this machine, offline.
+
+Starts moto (server mode) and the local training-session service on
+127.0.0.1, generates the toy GSM8K-format dataset and uploads it to moto S3,
+builds build/pipeline.json exactly as `make pipeline-definition` does, runs
+that definition with the local interpreter, evaluates the base model on the
+same questions, and leaves runs/<run-id>/ with the reports, curves.png and a
+summary. Every process it started is stopped, also on Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from local import report
+from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
+from local.stack import ROOT, LocalStack
+from local.toy_data import write_split
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m local.run", description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=str(ROOT / "config" / "local.yaml"))
+    p.add_argument("--train-rows", type=int, default=2000)
+    p.add_argument("--eval-rows", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter override")
+    p.add_argument("--runs-dir", default=str(ROOT / "runs"))
+    p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"))
+    p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    return p.parse_args(argv)
+
+
+def _parse_params(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --param {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
+
+
+class Progress:
+    """Step status lines, and one compact line per training step."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.started: dict[str, float] = {}
+
+    def status(self, rec: StepRecord) -> None:
+        if rec.status == "Executing":
+            self.started[rec.name] = time.monotonic()
+            print(f"[{rec.name}] started ({rec.type})", flush=True)
+            return
+        secs = time.monotonic() - self.started.get(rec.name, time.monotonic())
+        extra = f": {rec.message}" if rec.message else ""
+        print(f"[{rec.name}] {rec.status} in {secs:.1f}s{extra}", flush=True)
+
+    def line(self, step: str, line: str) -> None:
+        if line.startswith("error:") or line.startswith("stopped:"):
+            print(f"[{step}] {line}", flush=True)
+        elif not self.quiet and line.startswith(("train:", "eval:", "done:", "approve:")):
+            print(f"[{step}] {line}", flush=True)
+
+
+def build_definition(config: str, out: str) -> dict[str, Any]:
+    from pipeline.definition import write_definition
+
+    path = write_definition(config, out)
+    return json.loads(Path(path).read_text())
+
+
+def upload_dataset(s3: Any, bucket: str, run_dir: Path, rows: tuple[int, int], seed: int) -> dict[str, str]:
+    train, evaluation = write_split(run_dir / "data", rows[0], rows[1], seed)
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    uris = {}
+    for name, path in (("train", train), ("eval", evaluation)):
+        key = f"data/{name}/{Path(path).name}"
+        s3.upload_file(str(path), bucket, key)
+        uris[name] = f"s3://{bucket}/data/{name}/"
+    return uris
+
+
+def evaluate_base(stack: LocalStack, workdir: Path, run_dir: Path, eval_size: Any) -> Path | None:
+    """The base model on the same held-out questions the trained model was scored on."""
+    model = next(iter((workdir / "TrainDAPO").rglob("model.json")), None)
+    evaluated = next(iter((workdir / "EvaluateModel").rglob("evaluation.json")), None)
+    if model is None or evaluated is None:
+        return None
+    eval_dir = next(p.parent for p in (workdir / "EvaluateModel").rglob("*.jsonl") if "input" in p.parts)
+    out = workdir / "base-eval"
+    cmd = [sys.executable, "-m", "steps.evaluate", "--model", str(model.parent), "--eval", str(eval_dir),
+           "--output", str(out), "--base", "--eval-size", str(eval_size)]
+    subprocess.run(cmd, env=stack.env(), cwd=str(ROOT), check=True, stdout=subprocess.DEVNULL)
+    target = run_dir / "evaluation_base.json"
+    shutil.copy(out / "evaluation.json", target)
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    params = _parse_params(args.param)
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.runs_dir) / run_id
+    workdir = run_dir / "work"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    progress = Progress(args.quiet)
+    t0 = time.monotonic()
+    definition = build_definition(args.config, args.definition_out)
+    print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)", flush=True)
+    failure: PipelineFailed | None = None
+    with LocalStack() as stack:
+        s3 = stack.s3()
+        bucket = _bucket_of(definition)
+        uris = upload_dataset(s3, bucket, run_dir, (args.train_rows, args.eval_rows), args.seed)
+        params = {"TrainDataS3Uri": uris["train"], "EvalDataS3Uri": uris["eval"], **params}
+        execution = LocalExecution(definition, params, s3, workdir, stack.env(), execution_id=run_id,
+                                   on_line=progress.line, on_status=progress.status)
+        try:
+            execution.run()
+        except PipelineFailed as exc:
+            failure = exc
+        report.collect(workdir, run_dir)
+        if failure is None or failure.step == "AccuracyTooLow":
+            evaluate_base(stack, workdir, run_dir, execution.values.get("EvalSize"))
+        sessions_left = [s for s in stack.sessions() if s.get("status") not in ("Stopped", "Failed", "Deleted")]
+    summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions_left)
+    print(summary, flush=True)
+    return 0 if failure is None else 1
+
+
+def _bucket_of(definition: dict[str, Any]) -> str:
+    """The bucket the pipeline's own outputs go to (from the definition's S3 URIs)."""
+    import re
+
+    buckets = re.findall(r"s3://([a-z0-9.\-]+)/", json.dumps(definition))
+    if not buckets:
+        raise SystemExit("error: the pipeline definition names no S3 bucket; set pipeline.default_bucket in the config")
+    return max(set(buckets), key=buckets.count)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: every process this run started has been stopped", file=sys.stderr)
+        sys.exit(130)

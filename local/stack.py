@@ -1,0 +1,87 @@
+"""The embedded stand-ins for AWS: moto in server mode and the local training-session service.
+
+Both listen on 127.0.0.1 only and are stopped when the `with` block ends,
+however it ends (error, Ctrl-C).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REGION = "us-west-2"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _start_service(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0", *extra_args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the service is ready (or died)
+    if not line.startswith("listening on "):
+        proc.kill()
+        err = proc.stderr.read() if proc.stderr else ""
+        raise RuntimeError(f"local training-session service did not start: {line!r} {err[-2000:]}")
+    return proc, line.split("listening on ", 1)[1].strip()
+
+
+@dataclass
+class LocalStack:
+    service_args: list[str] = field(default_factory=list)
+
+    def __enter__(self) -> "LocalStack":
+        from moto.server import ThreadedMotoServer
+
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.moto_url = f"http://{host}:{port}"
+        try:
+            self._service, self.service_url = _start_service(self.service_args)
+        except BaseException:
+            self._moto.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._service.terminate()
+            try:
+                self._service.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._service.kill()
+                self._service.wait()
+        finally:
+            self._moto.stop()
+
+    def env(self) -> dict[str, str]:
+        """The environment every step process gets: all AWS calls stay on this machine."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        return {
+            **base,
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+            "AWS_ENDPOINT_URL": self.moto_url,
+            "SAGEMAKER_TRAINING_SESSION_ENDPOINT": self.service_url,
+            "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.service_url,
+            "SAGEMAKER_VALIDATE_ROLE": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def s3(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", region_name=REGION, endpoint_url=self.moto_url,
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The service's sessions (name, status), read through its admin route."""
+        with urllib.request.urlopen(f"{self.service_url}/_admin/sessions", timeout=10) as resp:
+            return json.loads(resp.read())["sessions"]
