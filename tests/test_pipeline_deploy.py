@@ -1,0 +1,315 @@
+"""Deploy (upsert) and start against moto, the --wait loop, the user errors, and `make data`'s upload."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from moto import mock_aws
+
+from pipeline import deploy as deploy_cmd
+from pipeline import start as start_cmd
+from pipeline.aws import UserError
+from pipeline.config import load
+from pipeline.data import jsonl_destination, parquet_rows, upload_jsonl
+from pipeline.start import wait_for_execution
+from steps.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = ROOT / "config" / "local.yaml"
+REGION = "us-west-2"
+ROLE = "dapo-local"  # config/local.yaml's role, in moto's account 123456789012
+
+
+def write_config(tmp_path: Path, **changes: dict[str, Any]) -> Path:
+    """config/local.yaml with some keys of some sections replaced (a None value removes the key)."""
+    raw = yaml.safe_load(LOCAL.read_text())
+    for section, values in changes.items():
+        for key, value in values.items():
+            if value is None:
+                raw[section].pop(key, None)
+            else:
+                raw[section][key] = value
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture
+def aws():
+    with mock_aws():
+        session = boto3.Session(region_name=REGION)
+        calls: list[str] = []
+        session.events.register("before-call", lambda model, **_: calls.append(model.name))
+        yield session, calls
+
+
+@pytest.fixture
+def role(aws):
+    session, _ = aws
+    session.client("iam").create_role(RoleName=ROLE, AssumeRolePolicyDocument="{}")
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """`python -m pipeline.deploy` on a tagged config in moto, then an upsert of the same definition."""
+    path = write_config(tmp_path_factory.mktemp("cfg"), pipeline={"tags": {"project": "dapo", "owner": "ml"}})
+    cfg, _ = load(path)
+    out = io.StringIO()
+    with mock_aws():
+        session = boto3.Session(region_name=REGION)
+        session.client("iam").create_role(RoleName=ROLE, AssumeRolePolicyDocument="{}")
+        with contextlib.redirect_stdout(out):
+            code = deploy_cmd.main(["--config", str(path)])
+        sm = session.client("sagemaker")
+        definition = sm.describe_pipeline(PipelineName=cfg.name)["PipelineDefinition"]
+        calls: list[str] = []
+        session.events.register("before-call", lambda model, **_: calls.append(model.name))
+        sm = session.client("sagemaker")  # created after the recorder, so it reports to it
+        # A second deploy would rebuild the same definition: upsert it directly instead.
+        second = deploy_cmd.upsert(sm, cfg, definition)
+        described = sm.describe_pipeline(PipelineName=cfg.name)
+        tags = sm.list_tags(ResourceArn=described["PipelineArn"])["Tags"]
+    return {"cfg": cfg, "code": code, "out": out.getvalue(), "second": second, "second_calls": calls,
+            "described": described, "tags": tags}
+
+
+# -- deploy ------------------------------------------------------------------------------
+
+
+def test_first_deploy_creates_second_updates(deployed):
+    arn = deployed["described"]["PipelineArn"]
+    assert deployed["code"] == 0
+    assert f"created pipeline 'dapo-local' in us-west-2: {arn}" in deployed["out"]
+    assert deployed["second"] == ("updated", arn)
+    assert deployed["second_calls"][:3] == ["ListPipelines", "UpdatePipeline", "AddTags"]
+    assert "CreatePipeline" not in deployed["second_calls"]
+
+
+def test_deploy_sends_the_offline_definition_with_role_description_and_tags(deployed):
+    cfg, described = deployed["cfg"], deployed["described"]
+    definition = json.loads(described["PipelineDefinition"])
+    assert definition["Version"] == "2020-12-01"
+    assert [s["Name"] for s in definition["Steps"]] == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy"]
+    assert described["RoleArn"] == cfg.role_arn
+    assert described["PipelineDescription"] == cfg.description
+    assert {t["Key"]: t["Value"] for t in deployed["tags"]} == {"project": "dapo", "owner": "ml"}
+
+
+def test_deploy_refuses_a_missing_role(aws, tmp_path):
+    session, calls = aws
+    cfg, run = load(LOCAL)
+    with pytest.raises(UserError, match=r"role arn:aws:iam::123456789012:role/dapo-local does not exist"):
+        deploy_cmd.deploy(cfg, run, session)
+    assert "CreatePipeline" not in calls
+
+
+def test_deploy_refuses_an_image_not_in_ecr(aws, role, tmp_path):
+    session, calls = aws
+    uri = "123456789012.dkr.ecr.us-west-2.amazonaws.com/dapo-steps:abc123"
+    cfg, run = load(write_config(tmp_path, pipeline={"image_uri": uri}))
+    with pytest.raises(UserError, match=r"'pipeline.image_uri': .* is not in ECR .*make push-image"):
+        deploy_cmd.deploy(cfg, run, session)
+    assert "CreatePipeline" not in calls
+
+
+def test_deploy_cli_refuses_placeholders(tmp_path, capsys):
+    path = write_config(tmp_path, pipeline={"image_uri": "<ACCOUNT_ID>.dkr.ecr.us-west-2.amazonaws.com/dapo-steps:<IMAGE_TAG>"})
+    assert deploy_cmd.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "'pipeline.image_uri'" in err and "Traceback" not in err
+
+
+def test_deploy_cli_refuses_a_missing_image_uri(tmp_path, capsys):
+    path = write_config(tmp_path, pipeline={"image_uri": None})
+    assert deploy_cmd.main(["--config", str(path)]) == 2
+    assert "'pipeline.image_uri' is required" in capsys.readouterr().err
+
+
+def test_deploy_cli_without_a_region(tmp_path, capsys, monkeypatch):
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    path = write_config(tmp_path, session={"region": None})
+    assert deploy_cmd.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "no AWS region" in err and "'session.region'" in err
+
+
+def test_deploy_cli_without_credentials(tmp_path, capsys, monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert deploy_cmd.main(["--config", str(LOCAL)]) == 2
+    assert "no AWS credentials found" in capsys.readouterr().err
+
+
+# -- start -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pipeline_in_moto(aws):
+    """The deployed local.yaml pipeline, without rebuilding it: its definition is what moto stores."""
+    session, calls = aws
+    cfg, _ = load(LOCAL)
+    params = [
+        {"Name": "BatchSize", "Type": "Integer", "DefaultValue": 16},
+        {"Name": "MaxSteps", "Type": "Integer", "DefaultValue": 30},
+        {"Name": "LearningRate", "Type": "Float", "DefaultValue": 0.05},
+        {"Name": "AccuracyThreshold", "Type": "Float", "DefaultValue": 0.2},
+        {"Name": "ImageUri", "Type": "String", "DefaultValue": "dapo-steps:local"},
+    ]
+    sm = session.client("sagemaker")
+    sm.create_pipeline(PipelineName=cfg.name, RoleArn=cfg.role_arn,
+                       PipelineDefinition=json.dumps({"Version": "2020-12-01", "Parameters": params, "Steps": []}))
+    calls.clear()
+    return sm, cfg.name
+
+
+def test_start_passes_parameter_overrides(pipeline_in_moto):
+    sm, name = pipeline_in_moto
+    arn = start_cmd.start(sm, name, REGION, {"BatchSize": "64", "MaxSteps": "30"}, str(LOCAL))
+    assert arn.startswith(f"arn:aws:sagemaker:{REGION}:123456789012:pipeline/{name}/execution/")
+    recorded = sm.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {p["Name"]: p["Value"] for p in recorded} == {"BatchSize": "64", "MaxSteps": "30"}
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"BatchSzie": "64"}, "unknown pipeline parameter 'BatchSzie' (the pipeline has: BatchSize,"),
+        ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
+        ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
+        ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be > 0"),
+        ({"AccuracyThreshold": "2"}, "AccuracyThreshold=2: must be in [0, 1]"),
+    ],
+)
+def test_start_refuses_bad_overrides_before_starting(pipeline_in_moto, aws, params, message):
+    sm, name = pipeline_in_moto
+    with pytest.raises((UserError, ConfigError)) as err:
+        start_cmd.start(sm, name, REGION, params, str(LOCAL))
+    assert message in str(err.value)
+    assert "StartPipelineExecution" not in aws[1]
+
+
+def test_start_accepts_an_exponent_learning_rate(pipeline_in_moto):
+    sm, name = pipeline_in_moto
+    assert start_cmd.start(sm, name, REGION, {"LearningRate": "1e-5"}, str(LOCAL))
+
+
+def test_start_when_not_deployed(aws):
+    sm = aws[0].client("sagemaker")
+    with pytest.raises(UserError, match="pipeline 'dapo-local' is not deployed in us-west-2; run 'make deploy-pipeline'"):
+        start_cmd.start(sm, "dapo-local", REGION, {}, str(LOCAL))
+
+
+def test_start_cli_parses_params_and_prints_the_execution(pipeline_in_moto, capsys):
+    sm, name = pipeline_in_moto
+    assert start_cmd.main(["--config", str(LOCAL), "--param", "BatchSize=32", "--param", "ImageUri=img:2"]) == 0
+    out = capsys.readouterr().out
+    arn = out.split("started ", 1)[1].split()[0]
+    assert arn.startswith(f"arn:aws:sagemaker:{REGION}:123456789012:pipeline/{name}/execution/")
+    assert f"#/pipelines/{name}/executions/{arn.rsplit('/', 1)[-1]}" in out
+    recorded = sm.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {p["Name"]: p["Value"] for p in recorded} == {"BatchSize": "32", "ImageUri": "img:2"}
+
+
+def test_start_cli_rejects_a_malformed_param(capsys):
+    assert start_cmd.main(["--config", str(LOCAL), "--param", "BatchSize"]) == 2
+    assert "expected Name=Value" in capsys.readouterr().err
+
+
+# -- --wait ------------------------------------------------------------------------------
+
+
+class FakeExecution:
+    """Scripted DescribePipelineExecution / ListPipelineExecutionSteps answers, one per poll."""
+
+    def __init__(self, polls: list[tuple[str, list[dict[str, Any]]]], failure: str = "") -> None:
+        self.polls, self.failure, self.n, self.sleeps = polls, failure, -1, []
+
+    def describe(self, arn: str) -> dict[str, Any]:
+        self.n += 1
+        status = self.polls[self.n][0]
+        return {"PipelineExecutionStatus": status, **({"FailureReason": self.failure} if status == "Failed" else {})}
+
+    def list_steps(self, arn: str) -> list[dict[str, Any]]:
+        return self.polls[self.n][1]  # newest first, as the API lists them
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+def test_wait_prints_each_change_once_until_the_end():
+    validate_ok = {"StepName": "ValidateData", "StepStatus": "Succeeded"}
+    fake = FakeExecution(
+        [
+            ("Executing", [{"StepName": "ValidateData", "StepStatus": "Executing"}]),
+            ("Executing", [{"StepName": "TrainDAPO", "StepStatus": "Executing"}, validate_ok]),
+            ("Executing", [{"StepName": "TrainDAPO", "StepStatus": "Executing"}, validate_ok]),
+            ("Executing", [{"StepName": "TrainDAPO", "StepStatus": "Executing", "AttemptCount": 2}, validate_ok]),
+            ("Failed", [{"StepName": "TrainDAPO", "StepStatus": "Failed", "AttemptCount": 2,
+                         "FailureReason": "ClientError: CapacityError"}, validate_ok]),
+        ],
+        failure="Step failure: One or multiple steps failed.",
+    )
+    lines: list[str] = []
+    status = wait_for_execution("arn:x", fake.describe, fake.list_steps, poll_seconds=15, sleep=fake.sleep, out=lines.append)
+    assert status == "Failed"
+    assert lines == [
+        "  ValidateData: Executing",
+        "  ValidateData: Succeeded",
+        "  TrainDAPO: Executing",
+        "  TrainDAPO: Executing (attempt 2)",
+        "  TrainDAPO: Failed (attempt 2) - ClientError: CapacityError",
+        "execution Failed: Step failure: One or multiple steps failed.",
+    ]
+    assert fake.sleeps == [15, 15, 15, 15]  # between polls, never after the end
+
+
+def test_wait_returns_at_once_for_a_finished_execution():
+    fake = FakeExecution([("Succeeded", [{"StepName": "ApproveModel", "StepStatus": "Succeeded"}])])
+    lines: list[str] = []
+    assert wait_for_execution("arn:x", fake.describe, fake.list_steps, sleep=fake.sleep, out=lines.append) == "Succeeded"
+    assert lines == ["  ApproveModel: Succeeded", "execution Succeeded"] and fake.sleeps == []
+
+
+# -- make data ---------------------------------------------------------------------------
+
+
+def test_jsonl_destination():
+    assert jsonl_destination("s3://b/dapo/data/train", "gsm8k-train.jsonl") == ("b", "dapo/data/train/gsm8k-train.jsonl")
+    assert jsonl_destination("s3://b/dapo/train/", "x.jsonl") == ("b", "dapo/train/x.jsonl")
+    assert jsonl_destination("s3://b/exact/train.jsonl", "x.jsonl") == ("b", "exact/train.jsonl")
+    assert jsonl_destination("s3://b", "x.jsonl") == ("b", "x.jsonl")
+
+
+def test_parquet_rows_are_uploaded_as_gsm8k_jsonl(aws, tmp_path):
+    session, _ = aws
+    rows = [
+        {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7", "extra": 1},
+        {"question": "Ünïcode: 2 × 5?", "answer": "#### 10", "extra": 2},
+    ]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    s3 = session.client("s3")
+    s3.create_bucket(Bucket="dapo-local", CreateBucketConfiguration={"LocationConstraint": REGION})
+
+    uri, count = upload_jsonl(s3, parquet_rows(str(path)), "s3://dapo-local/data/train", "gsm8k-train.jsonl")
+
+    assert (uri, count) == ("s3://dapo-local/data/train/gsm8k-train.jsonl", 2)
+    body = s3.get_object(Bucket="dapo-local", Key="data/train/gsm8k-train.jsonl")["Body"].read().decode("utf-8")
+    assert [json.loads(line) for line in body.splitlines()] == [
+        {"question": r["question"], "answer": r["answer"]} for r in rows
+    ]
