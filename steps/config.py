@@ -57,12 +57,12 @@ class SessionConfig:
 class DapoConfig:
     """DAPO hyperparameters (SPEC section 4)."""
 
-    learning_rate: float = field(default=1e-5, metadata=_check(_positive, "must be > 0"))
-    adam_beta1: float = field(default=0.9, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
-    adam_beta2: float = field(default=0.95, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
-    adam_eps: float = field(default=1e-8, metadata=_check(_positive, "must be > 0"))
-    weight_decay: float = field(default=0.0, metadata=_check(lambda v: v >= 0, "must be >= 0"))
-    grad_clip_norm: float | None = field(default=None, metadata=_check(_positive, "must be > 0 or null"))
+    learning_rate: float = field(default=1e-5, metadata=_check(lambda v: 0 < v <= 0.01, "must be in (0, 0.01] (the training-session API's range)"))
+    adam_beta1: float = field(default=0.9, metadata=_check(lambda v: 0 <= v <= 0.999999, "must be in [0, 0.999999]"))
+    adam_beta2: float = field(default=0.95, metadata=_check(lambda v: 0 <= v <= 0.999999, "must be in [0, 0.999999]"))
+    adam_eps: float = field(default=1e-8, metadata=_check(lambda v: 1e-16 <= v <= 0.01, "must be in [1e-16, 0.01]"))
+    weight_decay: float = field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "must be in [0, 1]"))
+    grad_clip_norm: float | None = field(default=None, metadata=_check(lambda v: 0 < v <= 100, "must be in (0, 100] or null"))
     batch_size: int = field(default=32, metadata=_check(_positive, "must be >= 1"))
     group_size: int = field(default=8, metadata=_check(lambda v: v >= 2, "must be >= 2 (a group of one has no advantage)"))
     max_steps: int | None = field(default=100, metadata=_check(_positive, "must be >= 1 or null"))

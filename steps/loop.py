@@ -2,8 +2,9 @@
 
 Per step: dynamic sampling fills `batch_size` informative groups (carrying any
 surplus), group advantages become datums, and one `forward_backward` plus one
-`optim_step` are submitted back to back; the next sampler's `save_weights` is
-queued behind them, so the three training ops cost one wait, not three.
+`optim_step` are submitted back to back with the next sampler's
+`save_weights_for_sampler` queued behind them, so the three training ops cost
+one wait, not three.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ class Trainer:
             return Outcome(start.step, start.sampler_model_package_arn, start.state_model_package_arn,
                            True, start.stop_reason, None)
         state, step = start, start.step
-        client = self.tc.save_weights_and_get_sampling_client()
+        client = self._sampler(self.tc.save_weights_for_sampler(description=f"dapo step {step}").result())
         sampler_arn = client.model_package_arn
         last_eval: tuple[int, EvalResult] | None = None
 
@@ -145,9 +146,11 @@ class Trainer:
             )
             opt = self.tc.optim_step(adam_params(d))
             # Queued behind the optimizer step on the same sequence: one wait for all three.
-            client = self.tc.save_weights_and_get_sampling_client()
+            # Waited on in submission order, so a failed step raises before the save is awaited.
+            save = self.tc.save_weights_for_sampler(description=f"dapo step {step + 1}")
+            fb_out, _, saved = fb.result(), opt.result(), save.result()
+            client = self._sampler(saved)
             sampler_arn = client.model_package_arn
-            fb_out, _ = fb.result(), opt.result()
             step += 1
             self._log_train(step, batch, samples, fb_out, time.monotonic() - t0)
 
@@ -160,6 +163,12 @@ class Trainer:
         return Outcome(step, sampler_arn, state.state_model_package_arn, False, "", final)
 
     # -- pieces --------------------------------------------------------------------
+    def _sampler(self, saved: Any) -> Any:
+        """A SamplingClient on this session for the weights just saved."""
+        if not saved.model_package_arn:
+            raise RuntimeError("save_weights_for_sampler returned no model package ARN; cannot sample the new weights")
+        return self.tc.create_sampling_client(model_package_arn=saved.model_package_arn)
+
     def evaluate(self, step: int, client: Any) -> EvalResult:
         result = evaluate_greedy(client, self.tokenizer, self.eval[: self.cfg.eval_size], self.cfg.max_tokens, self.cfg.sample_retries)
         self.print_fn(f"eval: step={step} accuracy={result.accuracy:.4f}")

@@ -1,0 +1,312 @@
+"""The policy the local training-session service trains and samples from.
+
+:class:`Policy` holds the parameters of the toy model (:mod:`.model`), the
+gradient accumulated since the last optimizer step, and the Adam state; it
+offers the operations the service exposes: forward, forward_backward,
+optim_step, sample, compute_logprobs, and state save/load.
+
+:meth:`Policy.base` is the deterministic "pretrained" model ``local-toy-arith``.
+It nearly always answers ``#### N <eos>``, but its arithmetic is vague (a low
+precision), it under-counts the second operand (85% of it after a plus verb,
+60% after a minus verb) and it likes round numbers after ``####``: low accuracy
+(about 15%, greedy too) with plenty of room for RL to improve.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from local import toy_data
+from local.training_session import model as M
+from local.training_session.adam import AdamConfig, AdamState, adam_step
+from local.training_session.losses import LossInputError, check_datum, check_loss_fn, summarize, token_loss
+from local.training_session.tokenizer import CONTROL, DIGIT_CONTINUATIONS
+
+__all__ = ["AdamConfig", "DatumArrays", "LossInputError", "Policy", "SampledSeq"]
+
+
+@dataclass(frozen=True)
+class DatumArrays:
+    """One training datum: the model input and its per-token loss inputs."""
+
+    tokens: np.ndarray  # int64, prompt + completion without its last token
+    inputs: dict[str, np.ndarray]  # loss_fn_inputs by name, each 1-D, len == len(tokens)
+
+
+@dataclass(frozen=True)
+class SampledSeq:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+
+
+Outputs = list[dict[str, list[float]]]
+
+
+class Policy:
+    """Parameters, accumulated gradient and Adam state of the toy model.
+
+    The parameter vector is never written in place (``optim_step`` swaps in a new
+    one), so ``sample``/``forward`` may run on other threads while this one trains;
+    ``forward_backward``/``optim_step`` are serialized by a lock.
+    """
+
+    def __init__(self, params: np.ndarray, adam: AdamState | None = None) -> None:
+        if params.shape != (M.N_PARAMS,):
+            raise ValueError(f"parameter vector has shape {params.shape}, this model needs ({M.N_PARAMS},)")
+        self._theta = _read_only(np.array(params, dtype=np.float64))
+        self._adam = adam or AdamState.zeros(self._theta.shape)
+        self._grad = np.zeros(M.N_PARAMS)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def base(cls) -> "Policy":
+        return cls(_base_params())
+
+    # ---- training ----------------------------------------------------------------
+
+    def forward(self, datums: list[DatumArrays], loss_fn: str = "cross_entropy",
+                loss_fn_config: dict | None = None) -> tuple[dict[str, float], Outputs]:
+        """Loss metrics and per-token logprobs; gradients untouched."""
+        metrics, outputs, _ = self._loss(self._theta, datums, loss_fn, loss_fn_config)
+        return metrics, outputs
+
+    def forward_backward(self, datums: list[DatumArrays], loss_fn: str,
+                         loss_fn_config: dict | None) -> tuple[dict[str, float], Outputs]:
+        """Like forward, and adds the batch's gradient to the accumulated one."""
+        with self._lock:
+            metrics, outputs, backward = self._loss(self._theta, datums, loss_fn, loss_fn_config)
+            backward(M.unpack(self._grad))
+        return metrics, outputs
+
+    def optim_step(self, adam: AdamConfig) -> dict[str, float]:
+        """Apply the accumulated gradient with Adam, then clear it."""
+        with self._lock:
+            theta, self._adam, metrics = adam_step(self._theta, self._grad, self._adam, adam)
+            self._theta = _read_only(theta)
+            self._grad = np.zeros(M.N_PARAMS)
+        return metrics
+
+    def gradient(self) -> np.ndarray:
+        """A copy of the flat gradient accumulated since the last optim_step."""
+        return self._grad.copy()
+
+    def parameters(self) -> np.ndarray:
+        """The flat parameter vector (read-only)."""
+        return self._theta
+
+    def _loss(self, theta: np.ndarray, datums: Sequence[DatumArrays], loss_fn: str, loss_fn_config: dict | None):
+        clip = check_loss_fn(loss_fn, loss_fn_config)
+        inputs = _validated_inputs(datums, loss_fn)
+        params = M.unpack(theta)
+        f = M.features([np.asarray(d.tokens, dtype=np.int64) for d in datums])
+        targets = np.concatenate([x["target_tokens"] for x in inputs]).astype(np.int64)
+        # Optional per-token temperature: p is scored at the temperature the token was sampled at.
+        temps = np.concatenate([x.get("temperature", np.ones(len(x["weights"]))) for x in inputs]).astype(np.float64)
+        temps = np.where(temps > 0, temps, 1.0)  # validation allows <= 0 only where the weight is 0
+        logp_all = M.log_softmax(M.logits(params, f) / temps[:, None])
+        logp = logp_all[np.arange(len(targets)), targets]
+        ends = np.cumsum([len(x["weights"]) for x in inputs])
+        per_datum_p = np.split(logp, ends[:-1])
+        losses = [token_loss(loss_fn, p, x, clip) for p, x in zip(per_datum_p, inputs)]
+        metrics = summarize(loss_fn, losses, per_datum_p, inputs)
+        outputs = [{"logprobs": p.tolist()} for p in per_datum_p]
+
+        def backward(grad: M.Params) -> None:
+            dloss_dp = np.concatenate([t.dloss_dp for t in losses])
+            active = np.flatnonzero(dloss_dp)
+            # p = log_softmax(z / T)[y]  =>  dp/dz = (onehot(y) - softmax(z / T)) / T
+            dz = -np.exp(logp_all[active])
+            dz[np.arange(len(active)), targets[active]] += 1.0
+            dz *= (dloss_dp[active] / temps[active])[:, None]
+            M.backward(grad, params, f, dz, active)
+
+        return metrics, outputs, backward
+
+    # ---- sampling ----------------------------------------------------------------
+
+    def sample(self, prompt: Sequence[int], num_samples: int, max_tokens: int, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               stop: Sequence[str] | None = None) -> list[SampledSeq]:
+        """``num_samples`` completions of ``prompt``.
+
+        Logprobs are those of the distribution sampled from, before top-k/top-p
+        truncation: log softmax(logits / temperature). At temperature 1 they equal
+        ``forward``'s; at temperature 0 (greedy) they are the temperature-1 ones. A
+        sequence ends at ``<eos>`` (included; reason "stop"), once a ``stop``
+        string appears in its decoded text (reason "stop"; the token that
+        completed it included), or after ``max_tokens`` tokens ("length").
+        """
+        prompt = _check_sampling_args(prompt, num_samples, max_tokens, temperature, top_k, top_p)
+        temperature = 1.0 if temperature is None else float(temperature)
+        rng = np.random.default_rng(seed)  # per call: concurrent samplers share no RNG state
+        params = M.unpack(self._theta)  # one snapshot, even if a training step swaps the weights
+        return [_sample_one(params, prompt, max_tokens, temperature, top_k, top_p, rng, list(stop or ()))
+                for _ in range(num_samples)]
+
+    def compute_logprobs(self, prompt: Sequence[int]) -> list[float | None]:
+        """Logprob of each prompt token given the tokens before it (None for the first)."""
+        tokens = np.asarray(_check_prompt(prompt), dtype=np.int64)
+        if len(tokens) == 1:
+            return [None]
+        z = M.logits(M.unpack(self._theta), M.features([tokens[:-1]]))
+        return [None] + M.log_softmax(z)[np.arange(len(tokens) - 1), tokens[1:]].tolist()
+
+    # ---- weights -----------------------------------------------------------------
+
+    def weights_copy(self) -> "Policy":
+        """The current weights for a sampler, without optimizer state."""
+        return Policy(self._theta)
+
+    def state_dict(self, include_optimizer: bool) -> dict[str, np.ndarray]:
+        state = {"params": self._theta.copy()}
+        if include_optimizer:
+            state.update(adam_m=self._adam.m.copy(), adam_v=self._adam.v.copy(), adam_step=np.array(self._adam.step))
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, np.ndarray]) -> "Policy":
+        """Restore a :meth:`state_dict`; Adam moments too when it has them."""
+        if "params" not in state:
+            raise ValueError(f"state has no 'params' (keys: {', '.join(state) or 'none'})")
+        for key in ("params", "adam_m", "adam_v"):
+            if key in state and np.shape(state[key]) != (M.N_PARAMS,):
+                raise ValueError(f"state[{key!r}] has shape {np.shape(state[key])}, this model needs ({M.N_PARAMS},)")
+        adam = None
+        if "adam_m" in state:
+            missing = [k for k in ("adam_v", "adam_step") if k not in state]
+            if missing:
+                raise ValueError(f"state has adam_m but not {', '.join(missing)}")
+            adam = AdamState(np.array(state["adam_m"], dtype=np.float64), np.array(state["adam_v"], dtype=np.float64),
+                             int(state["adam_step"]))
+        return cls(np.asarray(state["params"]), adam)
+
+
+def _validated_inputs(datums: Sequence[DatumArrays], loss_fn: str) -> list[dict[str, np.ndarray]]:
+    if not datums:
+        raise LossInputError("the request has no datums; send at least one")
+    inputs = []
+    for i, d in enumerate(datums):
+        x = {k: np.asarray(v) for k, v in d.inputs.items()}
+        check_datum(i, np.asarray(d.tokens), x, loss_fn, M.VOCAB_SIZE)
+        inputs.append(x)
+    return inputs
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+def _check_prompt(prompt: Sequence[int]) -> list[int]:
+    tokens = [int(t) for t in prompt]
+    if not tokens:
+        raise ValueError("prompt must be a non-empty list of token ids")
+    for i, t in enumerate(tokens):
+        if not 0 <= t < M.VOCAB_SIZE:
+            raise ValueError(f"prompt token {i} = {t} is not a token id of this model (0..{M.VOCAB_SIZE - 1})")
+    return tokens
+
+
+def _check_sampling_args(prompt, num_samples, max_tokens, temperature, top_k, top_p) -> list[int]:
+    for name, value, ok, rule in (
+        ("num_samples", num_samples, num_samples >= 1, ">= 1"),
+        ("max_tokens", max_tokens, max_tokens >= 1, ">= 1"),
+        ("temperature", temperature, temperature is None or temperature >= 0, ">= 0 (0 is greedy)"),
+        ("top_k", top_k, top_k is None or top_k == -1 or top_k >= 1, ">= 1, or -1 for off"),
+        ("top_p", top_p, top_p is None or 0 < top_p <= 1, "in (0, 1]"),
+    ):
+        if not ok:
+            raise ValueError(f"sampling parameter {name}={value!r} must be {rule}")
+    return _check_prompt(prompt)
+
+
+def _sample_one(p: M.Params, prompt: list[int], max_tokens: int, temperature: float, top_k: int | None,
+                top_p: float | None, rng: np.random.Generator, stop: list[str]) -> SampledSeq:
+    seq = list(prompt)
+    last = max((i for i, tok in enumerate(seq) if tok == M.ASSISTANT), default=-1)
+    mu = _centre(p, seq, last)
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    for _ in range(max_tokens):
+        t = len(seq) - 1
+        if seq[t] == M.ASSISTANT and t != last:
+            last, mu = t, _centre(p, seq, t)
+        z = p.table[M.BIAS_ROW] + p.table[M.PREV_ROW0 + seq[t]] + p.table[M.offset_row(t, last)]
+        if seq[t] == M.HASHES and last >= 0:
+            z[M.NUMBER_IDS] += M.head_logits(np.array([mu]), p)[0]
+        tok, logprob = _pick(z, temperature, top_k, top_p, rng)
+        seq.append(tok)
+        tokens.append(tok)
+        logprobs.append(logprob)
+        if tok == M.EOS or (stop and any(s in M.TOKENIZER.decode(tokens) for s in stop)):
+            return SampledSeq(tokens, logprobs, "stop")
+    return SampledSeq(tokens, logprobs, "length")
+
+
+def _centre(p: M.Params, seq: list[int], last: int) -> float:
+    """The head's mu for a completion that starts after position ``last``."""
+    if last < 0:
+        return 0.0
+    cues, values = M.cue_terms(seq[:last])
+    return float(p.head[0] + p.cue_weights.reshape(-1)[cues] @ values)
+
+
+def _pick(z: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
+          rng: np.random.Generator) -> tuple[int, float]:
+    """One token from logits ``z`` and its logprob (see Policy.sample)."""
+    if temperature == 0:
+        tok = int(np.argmax(z))
+        return tok, float(M.log_softmax(z)[tok])
+    logp = M.log_softmax(z / temperature)
+    keep = np.ones(len(z), dtype=bool)
+    order = np.argsort(-logp, kind="stable")
+    if top_k is not None and top_k > 0:
+        keep[order[top_k:]] = False
+    if top_p is not None and top_p < 1:
+        # Keep the smallest prefix of the sorted tokens whose mass reaches top_p.
+        cum = np.cumsum(np.exp(logp[order]))
+        keep[order[np.searchsorted(cum, top_p) + 1 :]] = False
+    cum = np.cumsum(np.where(keep, np.exp(logp), 0.0))
+    tok = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(z) - 1)
+    return tok, float(logp[tok])
+
+
+# ---- the "pretrained" base model ----------------------------------------------------
+
+BASE_SEED = 20240607
+BASE_PRECISION = 0.15  # a broad bump: the answer's std is about 1.8 around mu
+PLUS_VERB_WEIGHT = 0.85  # the base model's weight on the operand after a plus verb (should be 1)
+MINUS_VERB_WEIGHT = -0.6  # ... after a minus verb (should be -1)
+ROUND_BIAS = 1.0  # extra logit for multiples of 5 after "####"
+PRIOR_NOISE = 0.3  # seeded noise on the number logits after "####"
+
+
+def _operand_cues(phrases: Sequence[str]) -> list[int]:
+    """Token ids of the word right before the operand in each toy verb phrase."""
+    return [M.TOKENIZER.token_id(p.split()[p.split().index("{b}") - 1]) for p in phrases]
+
+
+def _base_params() -> np.ndarray:
+    rng = np.random.default_rng(BASE_SEED)
+    theta = np.zeros(M.N_PARAMS)
+    p = M.unpack(theta)
+    never = [M.TOKENIZER.token_id(t) for t in CONTROL + DIGIT_CONTINUATIONS if t != "<eos>"]
+    p.table[M.BIAS_ROW, never] = -10.0
+    # Format: "####" first, then a number, then <eos>; <eos> is near certain from
+    # offset 4 on, so generations end within a handful of tokens whatever max_tokens is.
+    p.table[M.OFFSET_ROW0 + 0, M.HASHES] = 9.0
+    after_hashes = p.table[M.PREV_ROW0 + M.HASHES]
+    after_hashes[np.setdiff1d(np.arange(M.VOCAB_SIZE), M.NUMBER_IDS)] = -8.0
+    after_hashes[M.NUMBER_IDS] = ROUND_BIAS * (M.NUMBERS % 5 == 0) + PRIOR_NOISE * rng.standard_normal(len(M.NUMBERS))
+    p.table[M.OFFSET_ROW0 + 2 : M.OFFSET_ROW0 + 4, M.EOS] = 9.0
+    p.table[M.OFFSET_ROW0 + 4 : M.OFFSET_ROW0 + M.N_OFFSETS, M.EOS] = 30.0
+    # Arithmetic: "has A" counts fully; verbs only partly (and minus verbs least).
+    p.cue_weights[M.BEFORE, M.TOKENIZER.token_id("has")] = M.VALUE_SCALE
+    p.cue_weights[M.BEFORE, _operand_cues(toy_data.PLUS_VERBS)] = PLUS_VERB_WEIGHT * M.VALUE_SCALE
+    p.cue_weights[M.BEFORE, _operand_cues(toy_data.MINUS_VERBS)] = MINUS_VERB_WEIGHT * M.VALUE_SCALE
+    p.head[1] = np.log(BASE_PRECISION) / M.PRECISION_GAIN
+    return theta

@@ -1,0 +1,128 @@
+"""The word-level tokenizer of the local base model ``local-toy-arith``.
+
+Its methods mirror the subset of Hugging Face's tokenizer API the project uses
+(``encode``, ``decode``, ``apply_chat_template``, ``convert_ids_to_tokens``), so
+the steps code can hold either this or a transformers tokenizer behind one seam.
+
+Text is lowercased and split into words, whole numbers and punctuation. Whole
+numbers 0..99 are single tokens; longer ones are a leading digit followed by
+``##d`` continuation digits (``123`` -> ``1 ##2 ##3``), which decode glues back
+together. Words outside the small vocabulary become ``<unk>``. Decoding joins
+tokens with spaces, so a completion reads e.g. ``#### 7``.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from typing import Sequence
+
+from local import toy_data
+
+BASE_MODEL_NAME = "local-toy-arith"
+
+CONTROL = ("<pad>", "<unk>", "<bos>", "<eos>", "<system>", "<user>", "<assistant>")
+ROLES = ("system", "user", "assistant")
+PUNCTUATION = ("####", ".", ",", "?", "!", ":", ";", "+", "-", "=", "*", "/", "$", "%", "(", ")", "'", "\n")
+NUMBERS = tuple(str(i) for i in range(100))
+DIGIT_CONTINUATIONS = tuple(f"##{d}" for d in range(10))
+# The toy task's own words come from its generator; the rest are the GSM8K
+# instruction and a few words a chat model's answers commonly contain.
+_INSTRUCTION_WORDS = "solve the problem write final answer as followed by number"
+_COMMON_WORDS = "a an is are of to in it its each total what there then now so she he they starts with left"
+WORDS = tuple(dict.fromkeys(
+    [name.lower() for name, _ in toy_data.NAMES]
+    + [pronoun for _, pronoun in toy_data.NAMES]
+    + list(toy_data.OBJECTS)
+    + [w for verb in toy_data.PLUS_VERBS + toy_data.MINUS_VERBS for w in verb.split() if w != "{b}"]
+    + "has and how many does have more".split()
+    + _INSTRUCTION_WORDS.split()
+    + _COMMON_WORDS.split()
+))
+VOCAB = CONTROL + PUNCTUATION + NUMBERS + DIGIT_CONTINUATIONS + WORDS
+
+# Control tokens, "####", whole numbers, words, a newline, or any other single character.
+_PIECE_RE = re.compile(r"<[a-z]+>|####|\d+|[a-z]+|\n|\S")
+
+
+class ToyTokenizer:
+    """Word-level tokenizer over :data:`VOCAB` (ids are positions in it)."""
+
+    def __init__(self) -> None:
+        self._id = {tok: i for i, tok in enumerate(VOCAB)}
+        self.vocab_size = len(VOCAB)
+        self.pad_token_id = self._id["<pad>"]
+        self.unk_token_id = self._id["<unk>"]
+        self.bos_token_id = self._id["<bos>"]
+        self.eos_token_id = self._id["<eos>"]
+        self.all_special_ids = [self._id[t] for t in CONTROL]
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def token_id(self, token: str) -> int:
+        """Id of one vocabulary entry (e.g. ``"####"``, ``"<assistant>"``, ``"7"``)."""
+        try:
+            return self._id[token]
+        except KeyError:
+            raise KeyError(f"{token!r} is not in the {BASE_MODEL_NAME} vocabulary") from None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = [self.bos_token_id] if add_special_tokens else []
+        for piece in _PIECE_RE.findall(text.lower()):
+            if piece.isdigit() and not (len(piece) <= 2 and (len(piece) == 1 or piece[0] != "0")):
+                # Long numbers (and leading zeros) go digit by digit so decode restores them.
+                ids.append(self._id[piece[0]])
+                ids.extend(self._id["##" + d] for d in piece[1:])
+            else:
+                ids.append(self._id.get(piece, self.unk_token_id))
+        return ids
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str]:
+        try:
+            return self._token(operator.index(ids))  # one id in, one token out, like Hugging Face
+        except TypeError:
+            return [self._token(i) for i in ids]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        text = ""
+        for tok in self.convert_ids_to_tokens(list(ids)):
+            if skip_special_tokens and tok in CONTROL:
+                continue
+            if tok.startswith("##") and tok != "####":
+                text += tok[2:]  # a continuation digit joins the number before it
+            else:
+                text += (" " if text else "") + tok
+        return text.replace(" \n ", "\n").replace(" \n", "\n")
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
+    ) -> list[int] | str:
+        """``<bos> <role> content ...``; an assistant turn ends with ``<eos>``.
+
+        With ``add_generation_prompt`` the result ends with ``<assistant>``, where
+        the model's completion starts. ``tokenize=False`` returns the rendered text,
+        which :meth:`encode` turns into the same ids.
+        """
+        parts = ["<bos>"]
+        for index, message in enumerate(messages):
+            role, content = _role_and_content(message, index)
+            parts.append(f"<{role}> {content}")
+            if role == "assistant":
+                parts.append("<eos>")
+        if add_generation_prompt:
+            parts.append("<assistant>")
+        text = " ".join(parts)
+        return self.encode(text) if tokenize else text
+
+    def _token(self, token_id: int) -> str:
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the {BASE_MODEL_NAME} vocabulary (0..{self.vocab_size - 1})")
+        return VOCAB[token_id]
+
+
+def _role_and_content(message: dict, index: int) -> tuple[str, str]:
+    if not isinstance(message, dict) or message.get("role") not in ROLES or not isinstance(message.get("content"), str):
+        raise ValueError(
+            f"messages[{index}] must be a dict with 'role' in {ROLES} and a string 'content', got {message!r}"
+        )
+    return message["role"], message["content"]
