@@ -171,13 +171,15 @@ class LocalExecution:
         if runner is None:
             raise ValueError(f"step {rec.name}: type {step['Type']} is not supported by the local runner")
         try:
-            runner(step, rec)
+            branch = runner(step, rec)
         except PipelineFailed as exc:
             rec.status, rec.message = "Failed", exc.message
             self.on_status(rec)
             raise
         rec.status = "Succeeded"
         self.on_status(rec)
+        for nxt in self._ordered(branch or []):  # a condition's chosen branch
+            self._run_step(nxt)
 
     def _container_path(self, rec: StepRecord, path: str) -> Path:
         return self.workdir / rec.name / path.lstrip("/")
@@ -242,13 +244,12 @@ class LocalExecution:
         self._upload(root / "output/data", f"{args['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{job}/output/data")
         rec.properties = {**args, "TrainingJobName": job, "ModelArtifacts": {"S3ModelArtifacts": model_uri}}
 
-    def _condition(self, step: dict[str, Any], rec: StepRecord) -> None:
+    def _condition(self, step: dict[str, Any], rec: StepRecord) -> list[dict[str, Any]]:
         args = step["Arguments"]
         ok = all(self._holds(c) for c in args["Conditions"])
         rec.properties = {"Outcome": ok}
         rec.message = "true" if ok else "false"
-        for branch in self._ordered(args["IfSteps"] if ok else args["ElseSteps"]):
-            self._run_step(branch)
+        return args["IfSteps"] if ok else args["ElseSteps"]
 
     def _holds(self, cond: dict[str, Any]) -> bool:
         ops = {"GreaterThanOrEqualTo": lambda a, b: a >= b, "GreaterThan": lambda a, b: a > b,

@@ -44,8 +44,11 @@ def plot_curves(metrics: Path, out: Path) -> None:
     ax.plot(x, [r["reward_mean"] for r in steps], label="reward mean (sampled)")
     ax.plot(x, [r["accuracy"] for r in steps], label="accuracy (sampled, T=1)")
     ax.plot(x, [r["filtered_frac"] for r in steps], label="filtered fraction", linestyle="--")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", label="greedy eval accuracy")
+    ax.plot(x, [r["filtered_all_wrong_frac"] for r in steps], label="filtered, all wrong", linestyle=":")
+    base = metrics.parent / "evaluation_base.json"
+    points = ([(0, _accuracy(base))] if base.exists() else []) + [(r["step"], r["accuracy"]) for r in evals]
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label="greedy eval accuracy (step 0: base)")
     ax.set_xlabel("step")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)

@@ -127,9 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             execution.run()
         except PipelineFailed as exc:
             failure = exc
-        report.collect(workdir, run_dir)
         if failure is None or failure.step == "AccuracyTooLow":
             evaluate_base(stack, workdir, run_dir, execution.values.get("EvalSize"))
+        report.collect(workdir, run_dir)
         sessions_left = [s for s in stack.sessions() if s.get("status") not in ("Stopped", "Failed", "Deleted")]
     summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions_left)
     print(summary, flush=True)

@@ -5,6 +5,7 @@ however it ends (error, Ctrl-C).
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -39,6 +40,7 @@ class LocalStack:
     def __enter__(self) -> "LocalStack":
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request lines from moto
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()

@@ -31,6 +31,7 @@ class StepBatch:
     sampled: list[Group]  # every group sampled this step (for reward stats)
     gen_batches: int
     filtered: int  # groups dropped for all-equal rewards
+    filtered_all_wrong: int  # ... of which no completion was correct (too hard for the model)
     failed_groups: int
     empty_rollouts: int  # generation batches in which every request failed
     speculative: int  # batches started before the previous one returned
@@ -86,7 +87,7 @@ def collect_step(
 ) -> StepBatch:
     kept: list[Group] = list(carry)
     sampled: list[Group] = []
-    filtered = failed = empty = speculative = launched = 0
+    filtered = all_wrong = failed = empty = speculative = launched = 0
     in_flight: deque[Callable[[], list[Group | None]]] = deque()
 
     def top_up() -> None:
@@ -112,11 +113,12 @@ def collect_step(
         keep_rate.update(len(informative), len(groups))
         sampled.extend(groups)
         filtered += len(groups) - len(informative)
+        all_wrong += sum(1 for g in groups if not any(r.correct for r in g.rollouts))
         kept.extend(informative)
         top_up()
 
     hit_cap = len(kept) < batch_size
     return StepBatch(
         kept=kept[:batch_size], carry=kept[batch_size:], sampled=sampled, gen_batches=launched,
-        filtered=filtered, failed_groups=failed, empty_rollouts=empty, speculative=speculative, hit_cap=hit_cap,
+        filtered=filtered, filtered_all_wrong=all_wrong, failed_groups=failed, empty_rollouts=empty, speculative=speculative, hit_cap=hit_cap,
     )

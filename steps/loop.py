@@ -216,6 +216,8 @@ class Trainer:
 
 
 def _sampling_figures(b: StepBatch) -> dict[str, Any]:
+    all_wrong_frac = b.filtered_all_wrong / b.groups_sampled if b.groups_sampled else 0.0
     return {"gen_batches": b.gen_batches, "groups_sampled": b.groups_sampled, "filtered_frac": b.filtered_frac,
+            "filtered_all_wrong_frac": all_wrong_frac,
             "kept_groups": len(b.kept), "carried_groups": len(b.carry), "empty_rollouts": b.empty_rollouts,
             "failed_groups": b.failed_groups, "speculative_batches": b.speculative}

@@ -1,0 +1,160 @@
+"""Fault injection for the local training-session service.
+
+Tests and benchmarks use these to reproduce what a real service does under
+load: slow operations, throttled submits, operations that fail, and a session
+that dies part-way through a run. Every rate draws from one seeded RNG, so a
+run with a given seed and a single client sees the same faults every time
+(rates of 0.0 and 1.0 are deterministic regardless).
+
+Settable three ways, all validated the same: CLI flags (``__main__``),
+environment variables (:data:`ENV_VARS`), and ``POST /_admin/faults``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+#: Environment variable for each field; read by :meth:`Faults.from_env`.
+ENV_VARS = {
+    "latency_ms": "LOCAL_TS_LATENCY_MS",
+    "throttle_rate": "LOCAL_TS_THROTTLE_RATE",
+    "throttle_limit": "LOCAL_TS_THROTTLE_LIMIT",
+    "fail_rate": "LOCAL_TS_FAIL_RATE",
+    "fail_session_after": "LOCAL_TS_FAIL_SESSION_AFTER",
+    "seed": "LOCAL_TS_FAULT_SEED",
+}
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What to inject. The default injects nothing.
+
+    Attributes:
+        latency_ms: Service time added to every runtime operation. Training
+            operations of one session serialise, so each adds this much to the
+            session's timeline; sampling operations overlap.
+        throttle_rate: Fraction of runtime submits answered 429 ThrottlingException.
+        throttle_limit: Most times one request (same path and body, i.e. the
+            SDK's retry of it) is throttled, so the SDK's retry always gets through.
+        fail_rate: Fraction of runtime operations that end ``Failed``.
+        fail_session_after: A session fails once it has run this many runtime
+            operations; ``None`` never.
+        seed: Seed for the rate draws.
+    """
+
+    latency_ms: int = 0
+    throttle_rate: float = 0.0
+    throttle_limit: int = 2
+    fail_rate: float = 0.0
+    fail_session_after: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.latency_ms, int) and self.latency_ms >= 0,
+                 "latency_ms", self.latency_ms, "a whole number of milliseconds >= 0")
+        for name in ("throttle_rate", "fail_rate"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
+                     name, value, "a fraction between 0 and 1")
+        _require(isinstance(self.throttle_limit, int) and self.throttle_limit >= 0,
+                 "throttle_limit", self.throttle_limit, "a whole number >= 0")
+        _require(self.fail_session_after is None
+                 or (isinstance(self.fail_session_after, int) and self.fail_session_after >= 0),
+                 "fail_session_after", self.fail_session_after,
+                 "a whole number of operations >= 0, or null to never fail")
+        _require(isinstance(self.seed, int), "seed", self.seed, "a whole number")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "Faults":
+        """Build from a JSON-like mapping; unknown keys are an error naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown fault setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**dict(values))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Faults":
+        """Read :data:`ENV_VARS`; unset variables keep the defaults."""
+        values: dict[str, Any] = {}
+        for name, var in ENV_VARS.items():
+            raw = environ.get(var, "").strip()
+            if raw:
+                values[name] = _parse_env(name, var, raw)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _require(ok: bool, name: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"fault setting {name}={value!r} is invalid: expected {expected}")
+
+
+def _parse_env(name: str, var: str, raw: str) -> Any:
+    kind = float if name.endswith("_rate") else int
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a {kind.__name__}; "
+                         f"unset it or give a valid value for {name}") from None
+
+
+class FaultInjector:
+    """Thread-safe fault decisions drawn from the current :class:`Faults`."""
+
+    def __init__(self, faults: Faults | None = None) -> None:
+        self._lock = threading.Lock()
+        self.set(faults or Faults())
+
+    def set(self, faults: Faults) -> None:
+        """Replace the settings, reseed the RNG and forget earlier throttles."""
+        with self._lock:
+            self._faults = faults
+            self._rng = random.Random(faults.seed)
+            self._throttled: Counter[str] = Counter()
+            self._injected: Counter[str] = Counter()
+
+    @property
+    def faults(self) -> Faults:
+        return self._faults
+
+    @property
+    def injected(self) -> dict[str, int]:
+        """How many faults were injected since the last :meth:`set`, by kind."""
+        with self._lock:
+            return {"throttled": self._injected["throttled"], "failed_operations": self._injected["failed"]}
+
+    @property
+    def latency_s(self) -> float:
+        return self._faults.latency_ms / 1000.0
+
+    def throttle(self, request_key: str) -> bool:
+        """Whether to answer this submit 429. ``request_key`` identifies a retry."""
+        with self._lock:
+            f = self._faults
+            if f.throttle_rate <= 0 or self._throttled[request_key] >= f.throttle_limit:
+                return False
+            if self._rng.random() >= f.throttle_rate:
+                return False
+            self._throttled[request_key] += 1
+            self._injected["throttled"] += 1
+            return True
+
+    def fail_operation(self) -> bool:
+        """Whether the operation about to run should end ``Failed``."""
+        with self._lock:
+            fail = self._faults.fail_rate > 0 and self._rng.random() < self._faults.fail_rate
+            self._injected["failed"] += fail
+            return fail
+
+    def session_dies_after(self, operations_run: int) -> bool:
+        """Whether a session that has run ``operations_run`` operations now fails."""
+        limit = self._faults.fail_session_after
+        return limit is not None and operations_run >= limit
