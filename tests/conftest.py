@@ -49,3 +49,6 @@ socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 
 
+
+# The local training-session service fixtures (local_service, service_client, ...).
+pytest_plugins = ["tests.local_service"]

@@ -1,0 +1,268 @@
+"""The DAPO training step against the local training-session service, through the real SDK."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from local.toy_data import write_split
+from local.training_session.faults import Faults
+from steps import checkpoint as ckpt_io
+from steps import metrics as metrics_io
+from steps import train
+from steps.config import load_config
+from steps.data import Example, load_examples
+from steps.data_order import DataPosition, take
+from steps.dynamic_sampling import KeepRate
+from steps.evaluation import evaluate_greedy
+from steps.gsm8k import Grade
+from steps.loop import Trainer, train_samples
+from steps.rollouts import Group, Rollout
+from steps.session import lora_kwargs
+from steps.tokenization import load_tokenizer
+from tests.local_service import BASE_MODEL_ARN, ENDPOINT_ENV_VARS, client_kwargs
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_CONFIG = ROOT / "config" / "local.yaml"
+pytestmark = pytest.mark.usefixtures("local_service")
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toy")
+    train_path, eval_path = write_split(d, 600, 100, seed=11)
+    return Path(train_path), Path(eval_path)
+
+
+def argv(tmp_path, data, *sets):
+    train_path, eval_path = data
+    return ["--config", str(LOCAL_CONFIG), "--train", str(train_path), "--eval", str(eval_path),
+            "--model-dir", str(tmp_path / "model"), "--output-dir", str(tmp_path / "out"),
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--hyperparameters", str(tmp_path / "none.json"),
+            "--set", f"model_package_group_arn={client_kwargs()['model_package_group_arn']}",
+            *[x for s in sets for x in ("--set", s)]]
+
+
+def step_records(tmp_path):
+    return [r for r in metrics_io.read(tmp_path / "out" / "metrics.jsonl") if r["kind"] == "step"]
+
+
+def running_sessions(service):
+    return [s for s in service.sessions() if s["status"] not in ("Stopped", "Failed")]
+
+
+# -- the loop learns ---------------------------------------------------------------------
+def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
+    from sagemaker.train.training_session import ServiceClient
+
+    cfg = load_config(LOCAL_CONFIG)
+    assert train.main(argv(tmp_path, toy_data)) == 0
+    out = capsys.readouterr().out
+    steps = step_records(tmp_path)
+    n = cfg.dapo.max_steps
+    assert [r["step"] for r in steps] == list(range(1, n + 1)) and n <= 40
+    # One machine-parsable sampling line and one train line per step.
+    assert sum(l.startswith("sampling: step=") and "gen_batches=" in l for l in out.splitlines()) == n
+    assert sum(l.startswith("train: step=") for l in out.splitlines()) == n
+
+    # Greedy accuracy of the trained model vs the base model on the same held-out questions.
+    model = json.loads((tmp_path / "model" / "model.json").read_text())
+    evaluation = load_examples(toy_data[1])[: cfg.dapo.eval_size]
+    tok = load_tokenizer("toy")
+    with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as base:
+        base_acc = evaluate_greedy(base, tok, evaluation, cfg.dapo.max_tokens).accuracy
+    assert model["final_eval"]["accuracy"] >= base_acc + 0.30, (base_acc, model["final_eval"])
+
+    first, last = steps[:5], steps[-5:]
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)
+    assert mean(last, "reward_mean") >= mean(first, "reward_mean") + 0.30
+    # Groups filtered because no sample was right (the model is too weak for them) disappear as it learns.
+    assert mean(last, "filtered_all_wrong_frac") < mean(first, "filtered_all_wrong_frac")
+    assert model["stopped_early"] is False and model["model_package_arn"].startswith("arn:aws:sagemaker:")
+    assert not running_sessions(local_service)
+
+
+# -- dynamic sampling on scripted reward patterns -------------------------------------------
+def scripted_grader(mixed, group_size):
+    """Prompts in `mixed` get exactly one right answer per group; all others are always wrong."""
+    calls: dict[str, int] = {}
+
+    def grade(text: str, example: Example) -> Grade:
+        k = calls.get(example.question, 0)
+        calls[example.question] = k + 1
+        correct = example.question in mixed and k % group_size == 0
+        return Grade(correct=correct, formatted=True, extracted=None)
+
+    return grade
+
+
+def run_trainer(tmp_path, examples, cfg, grader, start=None):
+    from sagemaker.train.training_session import ServiceClient
+
+    svc = ServiceClient(**client_kwargs())
+    tc = svc.create_lora_training_client(**lora_kwargs(cfg.session))
+    lines: list[str] = []
+    try:
+        trainer = Trainer(tc=tc, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"), train=examples, eval=examples[:4],
+                          metrics=metrics_io.MetricsLog(tmp_path / "metrics.jsonl"), checkpoint_dir=tmp_path / "ckpt",
+                          grader=grader, print_fn=lines.append)
+        outcome = trainer.run(start or train.fresh_start(cfg.dapo.seed))
+    finally:
+        tc.stop()
+    return outcome, lines
+
+
+def test_dynamic_sampling_keeps_batch_size_groups_and_carries_the_surplus(tmp_path, toy_data):
+    cfg = load_config(LOCAL_CONFIG, {"batch_size": "4", "group_size": "2", "max_steps": "5",
+                                     "max_inflight_gen_batches": "1", "max_num_gen_batches": "20", "eval_every": "0"})
+    examples = load_examples(toy_data[0])[:40]
+    mixed = {e.question for i, e in enumerate(examples) if i % 3 == 0}
+    outcome, lines = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
+    assert outcome.steps_completed == 5 and not outcome.stopped_early
+
+    # Replay the seeded data order to know exactly which prompts each generation batch drew.
+    pos, carry, expected = DataPosition(), 0, []
+    for _ in range(5):
+        kept_total, sampled, batches = carry, 0, 0
+        while kept_total < 4:
+            idx, pos = take(len(examples), 4, cfg.dapo.seed, pos)
+            kept_total += sum(examples[i].question in mixed for i in idx)
+            sampled += 4
+            batches += 1
+        expected.append((batches, sampled, 1 - (kept_total - carry) / sampled))
+        carry = kept_total - 4
+    steps = [r for r in metrics_io.read(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    got = [(r["gen_batches"], r["groups_sampled"], r["filtered_frac"]) for r in steps]
+    assert [g[:2] for g in got] == [e[:2] for e in expected]
+    assert [round(g[2], 6) for g in got] == [round(e[2], 6) for e in expected]
+    assert all(r["kept_groups"] == 4 for r in steps)
+    assert any(r["carried_groups"] > 0 for r in steps)  # surplus carried, not dropped
+    assert sum(l.startswith("sampling: step=") for l in lines) == 5
+
+
+def test_cap_stops_cleanly_with_a_checkpoint(tmp_path, toy_data, local_service, capsys):
+    # Gold answers the model can never produce: every group is all-wrong and filtered.
+    rows = [json.loads(l) for l in toy_data[0].read_text().splitlines()[:40]]
+    impossible = tmp_path / "impossible.jsonl"
+    impossible.write_text("".join(json.dumps({**r, "answer": "so #### 9999"}) + "\n" for r in rows))
+    code = train.main(argv(tmp_path, (impossible, toy_data[1]), "max_num_gen_batches=3", "batch_size=4"))
+    assert code == 0
+    out = capsys.readouterr().out
+    stop_line = next(l for l in out.splitlines() if l.startswith("stopped:"))
+    assert "max_num_gen_batches=3" in stop_line and "raise max_num_gen_batches" in stop_line
+    assert "sampling: step=1 gen_batches=3 groups_sampled=12 filtered_frac=1.0000 kept_groups=0" in out
+    model = json.loads((tmp_path / "model" / "model.json").read_text())
+    assert model["stopped_early"] is True and model["steps_completed"] == 0 and model["model_package_arn"]
+    ckpt = ckpt_io.read(tmp_path / "ckpt")
+    assert ckpt.stopped_early and ckpt.state_model_package_arn
+    assert not running_sessions(local_service)
+
+
+def test_overlong_samples_are_masked():
+    cfg = load_config(LOCAL_CONFIG)
+    group = Group(0, (1, 2), (Rollout((3, 4), (-1.0, -1.0), "length", 0.0, False, False),
+                              Rollout((5, 6), (-1.0, -1.0), "stop", 1.0, True, True)))
+    masked, kept = train_samples([group], cfg.dapo)
+    assert masked.weight == 0.0 and kept.weight == 1.0
+    unfiltered = load_config(LOCAL_CONFIG, {"overlong_filtering": "false"})
+    assert all(s.weight == 1.0 for s in train_samples([group], unfiltered.dapo))
+
+
+# -- concurrency -------------------------------------------------------------------------------
+def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service):
+    """Every prompt of a generation batch is submitted before any result is awaited."""
+    from sagemaker.train.training_session import SamplingParams, ServiceClient
+
+    from steps.rollouts import GroupSampler, RewardShaping
+
+    examples = load_examples(toy_data[0])[:8]
+    latency = 0.5
+    with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as client:
+        session = local_service.state.find(client.training_session_name)
+        local_service.set_faults(Faults(latency_ms=int(latency * 1000)))
+        sampler = GroupSampler(load_tokenizer("toy"), examples, 4, SamplingParams(max_tokens=512),
+                               RewardShaping(512))
+        groups = sampler.collect(client, range(8), sampler.submit(client, range(8), seed=1), seed=1)
+        local_service.set_faults(Faults())
+        submitted = [op.submitted for op in session.operations() if not op.training]
+    assert all(g is not None for g in groups) and len(submitted) == 8
+    # All eight were in flight together: the last was submitted before the first could finish.
+    assert max(submitted) - min(submitted) < latency
+
+
+# -- durability ----------------------------------------------------------------------------------
+def subprocess_env(service):
+    env = {k: v for k, v in os.environ.items()}
+    for var in ENDPOINT_ENV_VARS:
+        env[var] = service.url
+    return env
+
+
+def start_training(tmp_path, data, service, *sets):
+    return subprocess.Popen([sys.executable, "-m", "steps.train", *argv(tmp_path, data, *sets)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=subprocess_env(service), cwd=str(ROOT))
+
+
+def read_until(proc, prefix):
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"process ended before printing {prefix!r}")
+
+
+def test_resume_after_sigkill_applies_every_step_exactly_once(tmp_path, toy_data, local_service):
+    sets = ("max_steps=6", "save_every=2", "eval_every=0", "batch_size=8")
+    proc = start_training(tmp_path, toy_data, local_service, *sets)
+    read_until(proc, "train: step=3 ")
+    proc.kill()  # SIGKILL: no cleanup at all
+    proc.wait()
+    assert ckpt_io.read(tmp_path / "ckpt").step == 2
+
+    done = start_training(tmp_path, toy_data, local_service, *sets)
+    out, _ = done.communicate(timeout=120)
+    assert done.returncode == 0, out
+    assert "resuming from" in out
+    assert [r["step"] for r in step_records(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    ckpt = ckpt_io.read(tmp_path / "ckpt")
+    assert ckpt.step == 6
+    # The saved optimizer state has taken exactly six steps: none applied twice, none lost.
+    assert int(local_service.state.registry.weights(ckpt.state_model_package_arn)["adam_step"]) == 6
+    # The killed process's session is left to the service's idle timeout; the finished one is stopped.
+    model = json.loads((tmp_path / "model" / "model.json").read_text())
+    assert model["steps_completed"] == 6
+
+
+def test_sigterm_stops_the_session(tmp_path, toy_data, local_service):
+    before = {s["name"] for s in local_service.sessions()}
+    proc = start_training(tmp_path, toy_data, local_service, "max_steps=200", "eval_every=0")
+    read_until(proc, "train: step=1 ")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "SIGTERM" in out
+    mine = [s for s in local_service.sessions() if s["name"] not in before]
+    assert len(mine) == 1 and mine[0]["status"] == "Stopped"
+
+
+def test_too_small_dataset_never_creates_a_session(tmp_path, toy_data, local_service, capsys):
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(toy_data[0].read_text().splitlines(keepends=True)[:5]))
+    before = len(local_service.sessions())
+    assert train.main(argv(tmp_path, (small, toy_data[1]), "batch_size=16")) == 2
+    err = capsys.readouterr().err
+    assert "5 training examples, fewer than dapo.batch_size=16" in err and "no training session was created" in err
+    assert len(local_service.sessions()) == before
+
+
+def test_corrupt_checkpoint_refuses_before_any_session(tmp_path, toy_data, local_service, capsys):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint.json").write_text('{"version": 1, "step": ')
+    before = len(local_service.sessions())
+    assert train.main(argv(tmp_path, toy_data)) == 2
+    assert "checkpoint.json is not a usable checkpoint" in capsys.readouterr().err
+    assert len(local_service.sessions()) == before
