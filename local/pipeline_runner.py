@@ -198,7 +198,7 @@ class LocalExecution:
             self.on_line(rec.name, line)
         code = proc.wait()
         if code != 0:
-            errors = [l for l in tail if l.startswith("error:")] or tail[-5:]
+            errors = [l for l in tail if l.startswith("error:")] or [l.strip() for l in tail[-5:] if l.strip()]
             raise PipelineFailed(rec.name, f"exit code {code}: " + " | ".join(errors))
 
     def _processing(self, step: dict[str, Any], rec: StepRecord) -> None:

@@ -65,7 +65,7 @@ def _accuracy(path: Path) -> float | None:
     return float(json.loads(path.read_text())["metrics"]["accuracy"]["value"])
 
 
-def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions_left: list) -> str:
+def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict]) -> str:
     lines = [f"== local run {run_dir.name} ({seconds:.0f}s) =="]
     for rec in records.values():
         lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}")
@@ -85,7 +85,8 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
         gain = f" (base model {base:.3f}, {100 * (trained - base):+.1f} points)" if base is not None else ""
         lines.append(f"  greedy eval accuracy: {trained:.3f}{gain}")
     lines.append(f"  outcome: {'succeeded, model approved' if failure is None else 'FAILED at ' + failure.step + ': ' + failure.message}")
-    lines.append(f"  training sessions left running: {len(sessions_left)}")
+    running = [s for s in sessions if s.get("status") not in ("Stopped", "Failed")]
+    lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
     lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(p.name for p in run_dir.iterdir() if p.is_file()))})")
     text = "\n".join(lines)
     (run_dir / "summary.txt").write_text(text + "\n")

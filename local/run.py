@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     definition = build_definition(args.config, args.definition_out)
     print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)", flush=True)
     failure: PipelineFailed | None = None
-    with LocalStack() as stack:
+    with LocalStack(log_path=run_dir / "training-session-service.log") as stack:
         s3 = stack.s3()
         bucket = _bucket_of(definition)
         uris = upload_dataset(s3, bucket, run_dir, (args.train_rows, args.eval_rows), args.seed)
@@ -130,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if failure is None or failure.step == "AccuracyTooLow":
             evaluate_base(stack, workdir, run_dir, execution.values.get("EvalSize"))
         report.collect(workdir, run_dir)
-        sessions_left = [s for s in stack.sessions() if s.get("status") not in ("Stopped", "Failed", "Deleted")]
-    summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions_left)
+        sessions = stack.sessions()
+    summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions)
     print(summary, flush=True)
     return 0 if failure is None else 1
 

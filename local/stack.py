@@ -19,22 +19,22 @@ REGION = "us-west-2"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _start_service(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
+def _start_service(extra_args: list[str], log: Any) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0", *extra_args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+        stdout=subprocess.PIPE, stderr=log, text=True, cwd=str(ROOT),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the service is ready (or died)
     if not line.startswith("listening on "):
         proc.kill()
-        err = proc.stderr.read() if proc.stderr else ""
-        raise RuntimeError(f"local training-session service did not start: {line!r} {err[-2000:]}")
+        raise RuntimeError(f"local training-session service did not start: {line!r} (see {log.name})")
     return proc, line.split("listening on ", 1)[1].strip()
 
 
 @dataclass
 class LocalStack:
+    log_path: Path
     service_args: list[str] = field(default_factory=list)
 
     def __enter__(self) -> "LocalStack":
@@ -45,10 +45,14 @@ class LocalStack:
         self._moto.start()
         host, port = self._moto.get_host_and_port()
         self.moto_url = f"http://{host}:{port}"
+        # moto keeps its accounts per process: start every run from an empty one.
+        urllib.request.urlopen(urllib.request.Request(f"{self.moto_url}/moto-api/reset", method="POST"), timeout=10)
+        self._log = open(self.log_path, "w")  # the service's own log, for troubleshooting
         try:
-            self._service, self.service_url = _start_service(self.service_args)
+            self._service, self.service_url = _start_service(self.service_args, self._log)
         except BaseException:
             self._moto.stop()
+            self._log.close()
             raise
         return self
 
@@ -62,6 +66,7 @@ class LocalStack:
                 self._service.wait()
         finally:
             self._moto.stop()
+            self._log.close()
 
     def env(self) -> dict[str, str]:
         """The environment every step process gets: all AWS calls stay on this machine."""

@@ -34,8 +34,11 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "default.yaml"
 EXIT_REFUSED = 2
 
 
-class Terminated(Exception):
-    """SIGTERM arrived (SageMaker stopping the job): unwind so the session is stopped."""
+class Terminated(BaseException):
+    """SIGTERM arrived (SageMaker stopping the job): unwind so the session is stopped.
+
+    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way
+    (a sample retry, say) mistakes it for a failed request and carries on."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -140,6 +143,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_errors() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import BotoCoreError, ClientError
+    from sagemaker.train.training_session import TrainingSessionError
+
+    return (TrainingSessionError, ClientError, BotoCoreError)
+
+
+def _resume_hint(checkpoint_dir: str) -> str:
+    try:
+        ckpt = ckpt_io.read(checkpoint_dir)
+    except ckpt_io.CheckpointError:
+        ckpt = None
+    if ckpt is None:
+        return "no checkpoint was saved yet; running the step again starts from scratch"
+    return f"running the step again resumes from the checkpoint of step {ckpt.step} in {checkpoint_dir}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     require_training_session_sdk()
@@ -149,8 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, SessionConfigError, ckpt_io.CheckpointError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
+    except _service_errors() as exc:
+        print(f"error: the training session failed ({type(exc).__name__}: {exc}); the session was stopped and "
+              f"{_resume_hint(args.checkpoint_dir)}", file=sys.stderr, flush=True)
+        return 1
     except Terminated:
-        print("error: SIGTERM received; training session stopped, resume from the last checkpoint", file=sys.stderr, flush=True)
+        print(f"error: SIGTERM received; the training session was stopped and {_resume_hint(args.checkpoint_dir)}",
+              file=sys.stderr, flush=True)
         return 143
 
 

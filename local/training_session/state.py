@@ -232,6 +232,11 @@ class Session:
         op.status, op.result, op.error = status, result, error
         self._cond.notify_all()
 
+    def operations(self) -> list[Operation]:
+        """Every operation submitted so far, in submit order (for tests and diagnostics)."""
+        with self._cond:
+            return list(self._ops.values())
+
     # -- results ------------------------------------------------------------
     def wait(self, op_id: str, training: bool, hold_s: float) -> dict[str, Any]:
         """An operation's result, holding the request up to ``hold_s`` for it to finish.

@@ -1,0 +1,53 @@
+"""`make local-run` end to end: moto server, the local service, and build/pipeline.json interpreted."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from local import run
+
+
+def _run(tmp_path, *extra):
+    return run.main(["--runs-dir", str(tmp_path / "runs"), "--definition-out", str(tmp_path / "pipeline.json"),
+                     "--quiet", *extra])
+
+
+def _run_dir(tmp_path) -> Path:
+    (d,) = list((tmp_path / "runs").iterdir())
+    return d
+
+
+def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
+    code = _run(tmp_path, "--train-rows", "400", "--eval-rows", "80", "--param", "MaxSteps=15",
+                "--param", "EvalSize=60")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    d = _run_dir(tmp_path)
+    for name in ("validation.json", "metrics.jsonl", "evaluation.json", "evaluation_base.json", "curves.png", "summary.txt"):
+        assert (d / name).exists(), name
+    # The steps ran in the definition's order, the condition chose the approve branch.
+    order = [l.split("]")[0][1:] for l in out.splitlines() if l.endswith(")") and " started (" in l]
+    assert order == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel"]
+    trained = json.loads((d / "evaluation.json").read_text())
+    base = json.loads((d / "evaluation_base.json").read_text())
+    assert trained["n"] == base["n"] == 60
+    assert trained["metrics"]["accuracy"]["value"] > base["metrics"]["accuracy"]["value"]
+    steps = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in steps) == 15  # the MaxSteps parameter reached the training job
+    assert "left running: 0" in out and "model approved" in out
+    assert json.loads((tmp_path / "pipeline.json").read_text())["Version"] == "2020-12-01"
+
+
+def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, capsys):
+    code = _run(tmp_path, "--train-rows", "5", "--eval-rows", "20")
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "[ValidateData] Failed" in out and "TrainDAPO" not in out
+    assert "train data has 5 usable rows, fewer than --batch-size 16" in out
+    d = _run_dir(tmp_path)
+    validation = json.loads((d / "validation.json").read_text())
+    assert validation["status"] == "refused"
+    assert "training sessions created: 0" in out
+    assert not (d / "metrics.jsonl").exists()
