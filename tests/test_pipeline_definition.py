@@ -290,7 +290,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "BatchSize": ("Integer", 16),
         "GroupSize": ("Integer", 8),
         "MaxSteps": ("Integer", 30),
-        "LearningRate": ("Float", 0.05),
+        "LearningRate": ("Float", 0.006),
         "MaxNumGenBatches": ("Integer", d.max_num_gen_batches),
         "ClipLowThreshold": ("Float", d.clip_low_threshold),
         "ClipHighThreshold": ("Float", d.clip_high_threshold),

@@ -191,7 +191,7 @@ def test_start_passes_parameter_overrides(pipeline_in_moto):
         ({"BatchSzie": "64"}, "unknown pipeline parameter 'BatchSzie' (the pipeline has: BatchSize,"),
         ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
         ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
-        ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be > 0"),
+        ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),
         ({"AccuracyThreshold": "2"}, "AccuracyThreshold=2: must be in [0, 1]"),
     ],
 )
