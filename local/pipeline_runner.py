@@ -19,7 +19,6 @@ S3 is whatever the boto3 client points at (moto locally).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -118,7 +118,6 @@ class Trainer:
                            True, start.stop_reason, None)
         state, step = start, start.step
         client = self._sampler(self.tc.save_weights_for_sampler(description=f"dapo step {step}").result())
-        sampler_arn = client.model_package_arn
         last_eval: tuple[int, EvalResult] | None = None
 
         while step < n_steps:
@@ -136,7 +135,8 @@ class Trainer:
                 )
                 self.print_fn(f"stopped: {reason}")
                 state = self._checkpoint(step, client, cursor, batch.kept, keep_rate, stopped=reason)
-                return Outcome(step, sampler_arn, state.state_model_package_arn, True, reason, last_eval[1] if last_eval else None)
+                return Outcome(step, client.model_package_arn, state.state_model_package_arn, True, reason,
+                               last_eval[1] if last_eval else None)
 
             carry = batch.carry
             samples = train_samples(batch.kept, d)
@@ -150,7 +150,6 @@ class Trainer:
             save = self.tc.save_weights_for_sampler(description=f"dapo step {step + 1}")
             fb_out, _, saved = fb.result(), opt.result(), save.result()
             client = self._sampler(saved)
-            sampler_arn = client.model_package_arn
             step += 1
             self._log_train(step, batch, samples, fb_out, time.monotonic() - t0)
 
@@ -159,8 +158,11 @@ class Trainer:
             if d.eval_every and step % d.eval_every == 0:
                 last_eval = (step, self.evaluate(step, client))
 
-        final = last_eval[1] if last_eval and last_eval[0] == step else self.evaluate(step, client)
-        return Outcome(step, sampler_arn, state.state_model_package_arn, False, "", final)
+        if last_eval and last_eval[0] == step:
+            final: EvalResult | None = last_eval[1]
+        else:
+            final = self.evaluate(step, client) if self.eval else None
+        return Outcome(step, client.model_package_arn, state.state_model_package_arn, False, "", final)
 
     # -- pieces --------------------------------------------------------------------
     def _sampler(self, saved: Any) -> Any:

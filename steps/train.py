@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 

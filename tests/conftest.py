@@ -5,7 +5,6 @@ import ipaddress
 import os
 import socket
 
-import pytest
 
 # Dummy credentials and region so boto3 never looks for real ones, and no SDK
 # telemetry or config lookups leave the machine.

@@ -18,7 +18,6 @@ from steps import train
 from steps.config import load_config
 from steps.data import Example, load_examples
 from steps.data_order import DataPosition, take
-from steps.dynamic_sampling import KeepRate
 from steps.evaluation import evaluate_greedy
 from steps.gsm8k import Grade
 from steps.loop import Trainer, train_samples
