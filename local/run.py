@@ -22,6 +22,7 @@ from local import report
 from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
 from local.stack import ROOT, LocalStack
 from local.toy_data import write_split
+from steps.versions import require_training_session_sdk
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -105,6 +106,7 @@ def evaluate_base(stack: LocalStack, workdir: Path, run_dir: Path, eval_size: An
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_training_session_sdk()
     args = parse_args(argv)
     params = _parse_params(args.param)
     run_id = time.strftime("%Y%m%d-%H%M%S")
