@@ -198,8 +198,9 @@ class Trainer:
             f"filtered_frac={b.filtered_frac:.4f} kept_groups={len(b.kept)} empty_rollouts={b.empty_rollouts}"
         )
         if b.speculative:
-            self.print_fn(f"sampling: step={step} started {b.speculative} generation batch(es) early "
-                          "because the observed keep rate said one more would not fill the batch")
+            # Its own prefix: exactly one `sampling:` line per step keeps the metric regexes simple.
+            self.print_fn(f"speculation: step={step} early_gen_batches={b.speculative} (the keep rate so far said "
+                          "one more generation batch would not fill the step, so more were started at once)")
         if b.hit_cap:
             self.metrics.write({"kind": "stopped", "step": step, **_sampling_figures(b)})
 
