@@ -191,11 +191,20 @@ class LocalExecution:
                                 env={**self.env, **env}, cwd=str(Path(__file__).resolve().parents[1]))
         tail: list[str] = []
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail = (tail + [line])[-15:]
-            self.on_line(rec.name, line)
-        code = proc.wait()
+        try:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail = (tail + [line])[-15:]
+                self.on_line(rec.name, line)
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted: stop the step (SIGTERM lets it stop its session)
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         if code != 0:
             errors = [l for l in tail if l.startswith("error:")] or [l.strip() for l in tail[-5:] if l.strip()]
             raise PipelineFailed(rec.name, f"exit code {code}: " + " | ".join(errors))

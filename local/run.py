@@ -119,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)", flush=True)
     failure: PipelineFailed | None = None
     with LocalStack(log_path=run_dir / "training-session-service.log") as stack:
+        print(f"local-run {run_id}: moto {stack.moto_url}, training-session service {stack.service_url}", flush=True)
         s3 = stack.s3()
         bucket = _bucket_of(definition)
         uris = upload_dataset(s3, bucket, run_dir, (args.train_rows, args.eval_rows), args.seed)

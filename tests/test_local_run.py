@@ -2,7 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 
 from local import run
@@ -50,3 +57,26 @@ def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, ca
     assert validation["status"] == "refused"
     assert "training sessions created: 0" in out
     assert not (d / "metrics.jsonl").exists()
+
+
+def test_ctrl_c_stops_every_process_the_run_started(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"),
+                             "--definition-out", str(tmp_path / "pipeline.json"), "--train-rows", "300"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root))
+    urls = []
+    for line in proc.stdout:
+        urls += re.findall(r"http://127\.0\.0\.1:\d+", line)
+        if line.startswith("[TrainDAPO] train: step=1 "):
+            break
+    proc.send_signal(signal.SIGINT)  # to the runner only, as a kill -INT would
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert len(urls) >= 2
+    for url in urls[:2]:  # moto and the training-session service no longer listen
+        host, port = url[len("http://"):].split(":")
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+    # No step process (they all run with paths under this run's directory) is left.
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout
