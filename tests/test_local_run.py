@@ -46,6 +46,18 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert json.loads((tmp_path / "pipeline.json").read_text())["Version"] == "2020-12-01"
 
 
+def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
+    code = _run(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "MaxSteps=2",
+                "--param", "EvalSize=40", "--param", "AccuracyThreshold=0.99")
+    out = capsys.readouterr().out
+    assert code == 1
+    accuracy = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())["metrics"]["accuracy"]["value"]
+    fail_line = next(l for l in out.splitlines() if l.startswith("[AccuracyTooLow] Failed"))
+    assert f"Accuracy {accuracy} is below the AccuracyThreshold 0.99" in fail_line
+    assert "ApproveModel" not in out
+    assert (_run_dir(tmp_path) / "evaluation_base.json").exists()
+
+
 def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, capsys):
     code = _run(tmp_path, "--train-rows", "5", "--eval-rows", "20")
     out = capsys.readouterr().out
