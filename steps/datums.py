@@ -5,13 +5,16 @@ For a sequence ``prompt + completion`` the model sees every token but the last
 (``target_tokens``). Positions that predict a prompt token carry weight 0,
 advantage 0 and logprob 0; positions that predict a completion token carry the
 sample's weight, its (scaled) advantage and the logprob the sampler reported.
+
+Datums are built as the wire dicts that ``forward_backward`` accepts as-is (the
+SDK's "raw datum dicts"; it still checks lengths and required keys before
+sending). Typed ``Datum``/``TensorData`` objects would be turned straight back
+into these dicts and cost four times the CPU (`make bench`, client overhead).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
-from sagemaker.train.training_session import Datum, ModelInput, TensorData, TensorDtype
+from typing import Any, Sequence
 
 
 @dataclass(frozen=True)
@@ -45,27 +48,27 @@ def token_scales(samples: Sequence[TrainSample], aggregation: str) -> list[float
     raise ValueError(f"unknown loss_aggregation {aggregation!r} (use 'token' or 'sequence')")
 
 
-def build_datum(sample: TrainSample, scale: float = 1.0) -> Datum:
-    """Lay one sample out as a Datum for an RL loss (ppo / importance_sampling / cispo)."""
+def build_datum(sample: TrainSample, scale: float = 1.0) -> dict[str, Any]:
+    """Lay one sample out as a datum for an RL loss (ppo / importance_sampling / cispo)."""
     if len(sample.sampling_logprobs) != len(sample.completion):
         raise ValueError(
             f"sample has {len(sample.completion)} completion tokens but "
             f"{len(sample.sampling_logprobs)} sampling logprobs"
         )
-    tokens = list(sample.prompt) + list(sample.completion)
-    n_prompt_positions = len(sample.prompt) - 1  # positions predicting prompt tokens
-    n_completion = len(sample.completion)
-    zeros = [0.0] * n_prompt_positions
-    advantage = sample.advantage * scale
-    inputs = {
-        "target_tokens": TensorData(data=tokens[1:], dtype=TensorDtype.INT64),
-        "weights": TensorData(data=zeros + [sample.weight] * n_completion),
-        "advantages": TensorData(data=zeros + [advantage] * n_completion),
-        "logprobs": TensorData(data=zeros + [float(x) for x in sample.sampling_logprobs]),
+    tokens = [*sample.prompt, *sample.completion]
+    zeros = [0.0] * (len(sample.prompt) - 1)  # positions predicting prompt tokens
+    n = len(sample.completion)
+    return {
+        "modelInput": {"chunks": [{"tokens": tokens[:-1], "type": "encoded_text"}]},
+        "lossFnInputs": {
+            "target_tokens": {"data": tokens[1:], "dtype": "int64"},
+            "weights": {"data": zeros + [sample.weight] * n, "dtype": "float32"},
+            "advantages": {"data": zeros + [sample.advantage * scale] * n, "dtype": "float32"},
+            "logprobs": {"data": zeros + [float(x) for x in sample.sampling_logprobs], "dtype": "float32"},
+        },
     }
-    return Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
 
 
-def build_datums(samples: Sequence[TrainSample], aggregation: str) -> list[Datum]:
+def build_datums(samples: Sequence[TrainSample], aggregation: str) -> list[dict[str, Any]]:
     scales = token_scales(samples, aggregation)
     return [build_datum(s, c) for s, c in zip(samples, scales)]

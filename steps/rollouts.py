@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from botocore.exceptions import ClientError
 from sagemaker.train.training_session import SamplingParams
 
 from steps import gsm8k
@@ -53,6 +54,14 @@ class RewardShaping:
 
 
 Grader = Callable[[str, Example], gsm8k.Grade]
+#: Error codes meaning the session itself no longer serves (stopped, failed, gone):
+#: resubmitting cannot help, so the step fails at once rather than drawing
+#: generation batches of nothing until max_num_gen_batches and blaming the data.
+SESSION_GONE = frozenset({"ConflictException", "ResourceNotFoundException"})
+
+
+def _session_gone(exc: Exception) -> bool:
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in SESSION_GONE
 
 
 def default_grader(text: str, example: Example) -> gsm8k.Grade:
@@ -99,6 +108,8 @@ class GroupSampler:
             try:
                 return self._grade(index, fut.result())
             except Exception as exc:  # the SDK already retried throttling; this is a failed op
+                if _session_gone(exc):
+                    raise
                 if attempt == self.retries:
                     log.warning("sampling failed for example %d after %d attempts: %s", index, attempt + 1, exc)
                     return None

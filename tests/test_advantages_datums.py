@@ -26,13 +26,28 @@ def test_overlong_penalty_is_dapo_soft_punishment(length, expected):
 def test_datum_layout_shifts_by_one_and_masks_the_prompt():
     s = TrainSample(prompt=(10, 11, 12), completion=(20, 21, 22), sampling_logprobs=(-0.1, -0.2, -0.3), advantage=0.5)
     d = build_datum(s)
-    assert d.model_input.chunks[0].tokens == [10, 11, 12, 20, 21]
-    li = d.loss_fn_inputs
-    assert li["target_tokens"].data == [11, 12, 20, 21, 22]
-    assert li["weights"].data == [0.0, 0.0, 1.0, 1.0, 1.0]
-    assert li["advantages"].data == [0.0, 0.0, 0.5, 0.5, 0.5]
-    assert li["logprobs"].data == [0.0, 0.0, -0.1, -0.2, -0.3]
-    assert all(len(v.data) == 5 for v in li.values())
+    assert d["modelInput"]["chunks"][0]["tokens"] == [10, 11, 12, 20, 21]
+    li = d["lossFnInputs"]
+    assert li["target_tokens"]["data"] == [11, 12, 20, 21, 22]
+    assert li["weights"]["data"] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert li["advantages"]["data"] == [0.0, 0.0, 0.5, 0.5, 0.5]
+    assert li["logprobs"]["data"] == [0.0, 0.0, -0.1, -0.2, -0.3]
+    assert all(len(v["data"]) == 5 for v in li.values())
+
+
+def test_datums_are_what_the_sdk_sends_for_the_same_typed_datums():
+    """The raw dicts pass the SDK's own checks and equal its wire form of typed Datums."""
+    from sagemaker.train.training_session import Datum, ModelInput, TensorData, TensorDtype
+    from sagemaker.train.training_session._utils import batch_to_datum_list
+
+    s = TrainSample(prompt=(10, 11, 12), completion=(20, 21), sampling_logprobs=(-0.1, -0.2), advantage=0.5)
+    raw = build_datum(s)
+    li = raw["lossFnInputs"]
+    typed = Datum(model_input=ModelInput.from_ints(raw["modelInput"]["chunks"][0]["tokens"]), loss_fn_inputs={
+        "target_tokens": TensorData(data=li["target_tokens"]["data"], dtype=TensorDtype.INT64),
+        **{k: TensorData(data=li[k]["data"]) for k in ("weights", "advantages", "logprobs")},
+    })
+    assert batch_to_datum_list([raw], loss_fn_name="ppo") == batch_to_datum_list([typed], loss_fn_name="ppo")
 
 
 def test_datum_rejects_missing_logprobs():
@@ -42,8 +57,8 @@ def test_datum_rejects_missing_logprobs():
 
 def _per_token_weight(datums):
     """|advantage| per trained token, per datum: the weight each token gets in the summed loss."""
-    return [[abs(a) for a, w in zip(d.loss_fn_inputs["advantages"].data, d.loss_fn_inputs["weights"].data) if w > 0]
-            for d in datums]
+    return [[abs(a) for a, w in zip(d["lossFnInputs"]["advantages"]["data"], d["lossFnInputs"]["weights"]["data"])
+             if w > 0] for d in datums]
 
 
 def test_token_aggregation_weights_every_token_equally():

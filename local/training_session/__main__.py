@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--throttle-rate", type=float, help="fraction of runtime submits answered 429")
     faults.add_argument("--throttle-limit", type=int, help="most throttles of one request (default 2)")
     faults.add_argument("--fail-rate", type=float, help="fraction of operations that end Failed")
+    faults.add_argument("--sampling-fail-rate", type=float, help="fraction of sampling operations that end Failed")
     faults.add_argument("--fail-session-after", type=int, help="a session fails after this many operations")
     faults.add_argument("--fault-seed", dest="seed", type=int, help="seed for the fault rates")
     return p

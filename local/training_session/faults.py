@@ -25,6 +25,7 @@ ENV_VARS = {
     "throttle_rate": "LOCAL_TS_THROTTLE_RATE",
     "throttle_limit": "LOCAL_TS_THROTTLE_LIMIT",
     "fail_rate": "LOCAL_TS_FAIL_RATE",
+    "sampling_fail_rate": "LOCAL_TS_SAMPLING_FAIL_RATE",
     "fail_session_after": "LOCAL_TS_FAIL_SESSION_AFTER",
     "seed": "LOCAL_TS_FAULT_SEED",
 }
@@ -42,6 +43,9 @@ class Faults:
         throttle_limit: Most times one request (same path and body, i.e. the
             SDK's retry of it) is throttled, so the SDK's retry always gets through.
         fail_rate: Fraction of runtime operations that end ``Failed``.
+        sampling_fail_rate: Fraction of sampling operations that end ``Failed``
+            (drawn on top of ``fail_rate``); training operations are unaffected,
+            so a run sees failed rollouts without failed optimizer steps.
         fail_session_after: A session fails once it has run this many runtime
             operations; ``None`` never.
         seed: Seed for the rate draws.
@@ -51,13 +55,14 @@ class Faults:
     throttle_rate: float = 0.0
     throttle_limit: int = 2
     fail_rate: float = 0.0
+    sampling_fail_rate: float = 0.0
     fail_session_after: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.latency_ms, int) and self.latency_ms >= 0,
                  "latency_ms", self.latency_ms, "a whole number of milliseconds >= 0")
-        for name in ("throttle_rate", "fail_rate"):
+        for name in ("throttle_rate", "fail_rate", "sampling_fail_rate"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
                      name, value, "a fraction between 0 and 1")
@@ -147,10 +152,13 @@ class FaultInjector:
             self._injected["throttled"] += 1
             return True
 
-    def fail_operation(self) -> bool:
+    def fail_operation(self, training: bool = True) -> bool:
         """Whether the operation about to run should end ``Failed``."""
         with self._lock:
-            fail = self._faults.fail_rate > 0 and self._rng.random() < self._faults.fail_rate
+            f = self._faults
+            fail = f.fail_rate > 0 and self._rng.random() < f.fail_rate
+            if not training and not fail:
+                fail = f.sampling_fail_rate > 0 and self._rng.random() < f.sampling_fail_rate
             self._injected["failed"] += fail
             return fail
 

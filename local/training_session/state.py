@@ -215,8 +215,8 @@ class Session:
                 self._end("Failed", f"injected fault: session failed after {self._ops_run} operations")
 
     def _run(self, op: Operation, runner: Runner) -> tuple[str, dict[str, Any] | None, str | None]:
-        if self._injector.fail_operation():
-            return "Failed", None, "InternalServerError: injected operation failure (fail_rate)"
+        if self._injector.fail_operation(op.training):
+            return "Failed", None, "InternalServerError: injected operation failure"
         try:
             return "Completed", runner(self), None
         except ServiceError as e:

@@ -1,0 +1,57 @@
+"""The local training-session service in its own process, for benchmarks.
+
+A separate process, as a real service would be: its numpy work and HTTP
+handling do not compete with the client for the client's GIL. Faults (the
+injected latency) are changed between runs through ``POST /_admin/faults``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from contextlib import contextmanager
+from typing import Iterator
+
+from local.training_session.faults import Faults
+
+ENDPOINT_ENV_VARS = ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT")
+# Dummy credentials: the SDK signs requests, the local service ignores the signature.
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-west-2",
+           "AWS_REGION": "us-west-2", "SAGEMAKER_VALIDATE_ROLE": "false"}
+
+
+class Service:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def set_faults(self, faults: Faults) -> None:
+        request = urllib.request.Request(f"{self.url}/_admin/faults", data=json.dumps(faults.to_dict()).encode())
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+
+
+@contextmanager
+def local_service() -> Iterator[Service]:
+    """Start ``python -m local.training_session`` on 127.0.0.1, point the SDK at it, stop it after."""
+    proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the service prints it is ready (or exits)
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"the local service did not start: {line!r}")
+        url = line.split()[-1]
+        saved = {k: os.environ.get(k) for k in (*ENDPOINT_ENV_VARS, *AWS_ENV)}
+        os.environ.update({**AWS_ENV, **{k: url for k in ENDPOINT_ENV_VARS}})
+        try:
+            yield Service(url)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,258 @@
+"""The fault suite: the training step under injected faults, against the local service.
+
+For every fault the run either finishes with the right number of steps or stops
+with a clear error that says how to resume, and always:
+
+* no step is applied twice: the saved state's Adam step count equals the
+  steps the checkpoint claims (and, at the end, the steps completed);
+* checkpoint.json always parses, read while the training process is writing it;
+* no session is left running, except the session of a SIGKILLed process: a
+  killed process can stop nothing, so only the service's idle timeout would
+  stop that one. The test asserts it was left Running, then stops it itself.
+
+The helpers (argv, start_training, read_until, ...) are test_train's; this
+module adds the faults and the stronger assertions, and prints a table of the
+faults tried and their outcomes in pytest's terminal summary.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from local.training_session.faults import Faults
+from steps import checkpoint as ckpt_io
+from steps import train
+from tests.test_train import argv, start_training, step_records, toy_data  # noqa: F401 (toy_data: fixture)
+
+pytestmark = pytest.mark.usefixtures("local_service")
+# Small and fast: 8 prompts x 8 samples per step on the toy task, a checkpoint every 2 steps.
+SETS = ("batch_size=8", "save_every=2", "eval_every=0")
+
+
+# -- the table of faults and outcomes -----------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    fault: str
+    injected: str
+    outcome: str
+
+
+ROWS: list[Row] = []
+
+
+class _FaultTable:
+    """A plugin registered by this module: pytest prints its table in the terminal summary."""
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not ROWS:
+            return
+        w = max(len(r.fault) for r in ROWS)
+        v = max(len(r.injected) for r in ROWS)
+        terminalreporter.write_sep("-", "fault suite: faults tried and outcomes")
+        for r in ROWS:
+            terminalreporter.write_line(f"{r.fault:<{w}}  {r.injected:<{v}}  {r.outcome}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_table(request):
+    manager = request.config.pluginmanager
+    if not manager.has_plugin("fault-table"):
+        manager.register(_FaultTable(), "fault-table")
+
+
+# -- invariants -------------------------------------------------------------------------
+def adam_steps(service, arn: str) -> int:
+    """Optimizer steps contained in a saved training state."""
+    return int(service.state.registry.weights(arn)["adam_step"])
+
+
+def checked_checkpoint(service, ckpt_dir: Path) -> ckpt_io.Checkpoint | None:
+    """checkpoint.json parses (read raises CheckpointError otherwise), and its saved
+    state holds exactly the steps it claims: none applied twice, none lost."""
+    ckpt = ckpt_io.read(ckpt_dir)
+    if ckpt is not None:
+        assert adam_steps(service, ckpt.state_model_package_arn) == ckpt.step
+    return ckpt
+
+
+def new_sessions(service, before: set[str]) -> list[dict]:
+    return [s for s in service.sessions() if s["name"] not in before]
+
+
+def running(sessions: list[dict]) -> list[dict]:
+    return [s for s in sessions if s["status"] not in ("Stopped", "Failed")]
+
+
+def assert_finished(tmp_path: Path, service, n_steps: int) -> ckpt_io.Checkpoint:
+    """Every step logged exactly once, and the final state holds exactly n_steps optimizer steps."""
+    assert [r["step"] for r in step_records(tmp_path)] == list(range(1, n_steps + 1))
+    ckpt = checked_checkpoint(service, tmp_path / "ckpt")
+    assert ckpt is not None and ckpt.step == n_steps
+    return ckpt
+
+
+def read_until_checking(proc, prefix: str, service, ckpt_dir: Path) -> list[str]:
+    """Read the process's output up to a line starting with ``prefix``, checking
+    checkpoint.json at every line, i.e. while the process may be writing it."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        checked_checkpoint(service, ckpt_dir)
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"process ended before printing {prefix!r}:\n{''.join(lines)}")
+
+
+def finish(proc, service, ckpt_dir: Path, timeout: float = 120) -> str:
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        checked_checkpoint(service, ckpt_dir)
+    proc.wait(timeout=timeout)
+    return "".join(lines)
+
+
+# -- faults the run absorbs ---------------------------------------------------------------
+def test_throttling_of_a_fifth_of_the_operations_is_absorbed(tmp_path, toy_data, local_service):
+    before = {s["name"] for s in local_service.sessions()}
+    local_service.set_faults(Faults(throttle_rate=0.2, seed=3))
+    assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=4")) == 0
+    throttled = local_service.state.injector.injected["throttled"]
+    local_service.set_faults(Faults())
+
+    assert throttled > 0
+    assert_finished(tmp_path, local_service, 4)
+    assert not running(new_sessions(local_service, before))
+    ROWS.append(Row("throttling 20% of submits", f"{throttled} throttled (429)",
+                    "finished 4/4 steps; Adam steps 4; session stopped"))
+
+
+def test_failed_sampling_operations_are_resampled(tmp_path, toy_data, local_service):
+    before = {s["name"] for s in local_service.sessions()}
+    local_service.set_faults(Faults(sampling_fail_rate=0.05, seed=4))
+    assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=4")) == 0
+    failed = local_service.state.injector.injected["failed_operations"]
+    local_service.set_faults(Faults())
+
+    (mine,) = new_sessions(local_service, before)
+    ops = local_service.state.find(mine["name"]).operations()
+    failed_sampling = sum(1 for op in ops if not op.training and op.status == "Failed")
+    assert failed > 0 and failed_sampling == failed
+    assert not any(op.training and op.status != "Completed" for op in ops)  # the knob spares training ops
+    assert_finished(tmp_path, local_service, 4)
+    # A failed request is resubmitted, so (at 5%) no group is lost and every step trains on a full batch.
+    assert all(r["kept_groups"] == 8 for r in step_records(tmp_path))
+    assert mine["status"] == "Stopped"
+    ROWS.append(Row("5% of sampling ops fail", f"{failed} sampling ops failed",
+                    "resampled; finished 4/4 steps; Adam steps 4; session stopped"))
+
+
+# -- faults that stop the run, and the resume ----------------------------------------------
+def test_a_session_that_dies_mid_run_stops_with_a_resume_hint_and_the_rerun_finishes(tmp_path, toy_data, local_service):
+    sets = (*SETS, "max_steps=8")
+    before = {s["name"] for s in local_service.sessions()}
+    proc = start_training(tmp_path, toy_data, local_service, *sets)
+    read_until_checking(proc, "train: step=3 ", local_service, tmp_path / "ckpt")
+    local_service.set_faults(Faults(fail_session_after=0))  # the session fails at its next operation
+    out = finish(proc, local_service, tmp_path / "ckpt")
+    local_service.set_faults(Faults())
+
+    ckpt = checked_checkpoint(local_service, tmp_path / "ckpt")
+    assert proc.returncode == 1, out
+    assert ckpt is not None and 2 <= ckpt.step < 8
+    assert "error: the training session failed" in out and "is Failed (injected fault" in out
+    assert "stopped:" not in out  # not mistaken for prompts of the wrong difficulty (max_num_gen_batches)
+    assert f"running the step again resumes from the checkpoint of step {ckpt.step}" in out
+    (died,) = new_sessions(local_service, before)
+    assert died["status"] == "Failed" and "injected fault" in died["error"]
+
+    rerun = start_training(tmp_path, toy_data, local_service, *sets)
+    out = finish(rerun, local_service, tmp_path / "ckpt")
+    assert rerun.returncode == 0, out
+    assert f"resuming from {ckpt.state_model_package_arn} (step {ckpt.step})" in out
+    assert_finished(tmp_path, local_service, 8)
+    assert not running(new_sessions(local_service, before))
+    ROWS.append(Row("session fails mid-run", f"failed after step {ckpt.step}'s checkpoint",
+                    f"exit 1 with resume hint; rerun resumed at step {ckpt.step}, finished 8/8; Adam steps 8"))
+
+
+def test_sigkill_twice_then_restart_applies_every_step_once(tmp_path, toy_data, local_service):
+    """test_train kills once mid-run; here both kills land right after a checkpoint
+    step's train line, racing that step's save_state and checkpoint write."""
+    sets = (*SETS, "max_steps=6")
+    ckpt_dir = tmp_path / "ckpt"
+    before = {s["name"] for s in local_service.sessions()}
+    kills = []
+    for prefix in ("train: step=2 ", "train: step=4 "):
+        proc = start_training(tmp_path, toy_data, local_service, *sets)
+        read_until_checking(proc, prefix, local_service, ckpt_dir)
+        proc.kill()  # SIGKILL: no cleanup, possibly mid-write of checkpoint.json
+        proc.wait()
+        ckpt = checked_checkpoint(local_service, ckpt_dir)
+        kills.append(ckpt.step if ckpt else 0)
+
+    last = start_training(tmp_path, toy_data, local_service, *sets)
+    out = finish(last, local_service, ckpt_dir)
+    assert last.returncode == 0, out
+    assert_finished(tmp_path, local_service, 6)
+
+    # The killed processes' sessions are still Running: nothing client-side can stop them,
+    # only the service's idle timeout would. The finished run's session is stopped.
+    mine = new_sessions(local_service, before)
+    orphans = running(mine)
+    assert len(mine) == 3 and len(orphans) == 2
+    for s in orphans:
+        local_service.state.find(s["name"]).stop()
+    ROWS.append(Row("SIGKILL x2, then restart", f"killed with checkpoints at steps {kills}",
+                    "restart finished 6/6; Adam steps 6; 2 killed sessions left Running (idle timeout's job)"))
+
+
+def test_sigterm_stops_the_session_and_the_rerun_resumes(tmp_path, toy_data, local_service):
+    sets = (*SETS, "max_steps=6")
+    before = {s["name"] for s in local_service.sessions()}
+    proc = start_training(tmp_path, toy_data, local_service, *sets)
+    read_until_checking(proc, "train: step=3 ", local_service, tmp_path / "ckpt")
+    proc.send_signal(signal.SIGTERM)
+    out = finish(proc, local_service, tmp_path / "ckpt", timeout=60)
+
+    ckpt = checked_checkpoint(local_service, tmp_path / "ckpt")
+    assert proc.returncode == 143 and ckpt is not None
+    assert f"SIGTERM received; the training session was stopped and running the step again resumes " \
+           f"from the checkpoint of step {ckpt.step}" in out
+    assert [s["status"] for s in new_sessions(local_service, before)] == ["Stopped"]
+
+    rerun = start_training(tmp_path, toy_data, local_service, *sets)
+    out = finish(rerun, local_service, tmp_path / "ckpt")
+    assert rerun.returncode == 0, out
+    assert_finished(tmp_path, local_service, 6)
+    assert not running(new_sessions(local_service, before))
+    ROWS.append(Row("SIGTERM mid-run", f"after step 3 (checkpoint of step {ckpt.step})",
+                    "exit 143, session stopped, resume hint; rerun finished 6/6; Adam steps 6"))
+
+
+def test_checkpoint_damage(tmp_path, toy_data, local_service, capsys):
+    """A leftover temp file of an interrupted write is ignored; a damaged checkpoint.json
+    is refused before any session and left as it was (test_train covers a hand-written one)."""
+    assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=2")) == 0
+    first_two = step_records(tmp_path)
+    ckpt_dir = tmp_path / "ckpt"
+    (ckpt_dir / ".checkpoint.json.tmp").write_text('{"version": 1, "step": 9')  # a write cut short
+    assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=4")) == 0
+    assert_finished(tmp_path, local_service, 4)
+    assert step_records(tmp_path)[:2] == first_two  # resumed at step 3: steps 1-2 were not redone
+
+    path = ckpt_dir / "checkpoint.json"
+    damaged = path.read_bytes()[: path.stat().st_size // 2]  # what a non-atomic write would leave
+    path.write_bytes(damaged)
+    before = len(local_service.sessions())
+    assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=6")) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.json is not a usable checkpoint" in err and f"Delete {path}" in err
+    assert len(local_service.sessions()) == before  # refused before creating a session
+    assert path.read_bytes() == damaged  # left for inspection, not overwritten
+    ROWS.append(Row("checkpoint damage", "stale .tmp of a cut write; then half a checkpoint.json",
+                    ".tmp ignored, resumed 2->4; half file refused (exit 2) before any session, left intact"))
