@@ -16,6 +16,7 @@ faults tried and their outcomes in pytest's terminal summary.
 """
 from __future__ import annotations
 
+import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,7 @@ def assert_finished(tmp_path: Path, service, n_steps: int) -> ckpt_io.Checkpoint
     assert [r["step"] for r in step_records(tmp_path)] == list(range(1, n_steps + 1))
     ckpt = checked_checkpoint(service, tmp_path / "ckpt")
     assert ckpt is not None and ckpt.step == n_steps
+    assert json.loads((tmp_path / "model" / "model.json").read_text())["steps_completed"] == n_steps
     return ckpt
 
 
@@ -181,8 +183,8 @@ def test_a_session_that_dies_mid_run_stops_with_a_resume_hint_and_the_rerun_fini
 
 
 def test_sigkill_twice_then_restart_applies_every_step_once(tmp_path, toy_data, local_service):
-    """test_train kills once mid-run; here both kills land right after a checkpoint
-    step's train line, racing that step's save_state and checkpoint write."""
+    """Both kills land right after a checkpoint step's train line, racing that
+    step's save_state and checkpoint write."""
     sets = (*SETS, "max_steps=6")
     ckpt_dir = tmp_path / "ckpt"
     before = {s["name"] for s in local_service.sessions()}
@@ -198,6 +200,7 @@ def test_sigkill_twice_then_restart_applies_every_step_once(tmp_path, toy_data, 
     last = start_training(tmp_path, toy_data, local_service, *sets)
     out = finish(last, local_service, ckpt_dir)
     assert last.returncode == 0, out
+    assert "resuming from" in out
     assert_finished(tmp_path, local_service, 6)
 
     # The killed processes' sessions are still Running: nothing client-side can stop them,
@@ -236,7 +239,7 @@ def test_sigterm_stops_the_session_and_the_rerun_resumes(tmp_path, toy_data, loc
 
 def test_checkpoint_damage(tmp_path, toy_data, local_service, capsys):
     """A leftover temp file of an interrupted write is ignored; a damaged checkpoint.json
-    is refused before any session and left as it was (test_train covers a hand-written one)."""
+    is refused before any session and left as it was."""
     assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=2")) == 0
     first_two = step_records(tmp_path)
     ckpt_dir = tmp_path / "ckpt"
