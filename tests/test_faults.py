@@ -10,7 +10,7 @@ with a clear error that says how to resume, and always:
   killed process can stop nothing, so only the service's idle timeout would
   stop that one. The test asserts it was left Running, then stops it itself.
 
-The helpers (argv, start_training, read_until, ...) are test_train's; this
+The helpers (argv, start_training, step_records, the toy_data fixture) are test_train's; this
 module adds the faults and the stronger assertions, and prints a table of the
 faults tried and their outcomes in pytest's terminal summary.
 """
