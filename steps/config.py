@@ -90,7 +90,8 @@ class DapoConfig:
     save_every: int = field(default=10, metadata=_check(_positive, "must be >= 1"))
     eval_every: int = field(default=0, metadata=_check(lambda v: v >= 0, "must be >= 0 (0 = only at the end)"))
     eval_size: int = field(default=200, metadata=_check(_positive, "must be >= 1"))
-    seed: int = 0
+    # Seeds the data order and, hashed, every sampling request (the API's seed is a 32-bit Integer).
+    seed: int = field(default=0, metadata=_check(lambda v: 0 <= v <= 2**31 - 1, "must be in [0, 2147483647]"))
 
 
 @dataclass(frozen=True)

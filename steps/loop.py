@@ -27,7 +27,7 @@ from steps.datums import TrainSample, build_datums
 from steps.dynamic_sampling import KeepRate, StepBatch, collect_step
 from steps.evaluation import EvalResult, evaluate_greedy
 from steps.metrics import MetricsLog
-from steps.rollouts import Group, GroupSampler, RewardShaping, default_grader
+from steps.rollouts import Group, GroupSampler, RewardShaping, default_grader, request_seed
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Trainer:
     def _launcher(self, client: Any, cursor: Cursor) -> Callable[[], Callable[[], list[Group | None]]]:
         def launch() -> Callable[[], list[Group | None]]:
             indices, cursor.position = take(len(self.train), self.cfg.batch_size, self.cfg.seed, cursor.position)
-            seed = self.cfg.seed * 1_000_003 + cursor.gen_batches_drawn
+            seed = request_seed(self.cfg.seed, cursor.gen_batches_drawn)
             cursor.gen_batches_drawn += 1
             futures = self.sampler.submit(client, indices, seed)
             return lambda: self.sampler.collect(client, indices, futures, seed)

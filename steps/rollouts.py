@@ -7,6 +7,7 @@ that still fails is reported, never silently dropped.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -64,6 +65,16 @@ def _session_gone(exc: Exception) -> bool:
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in SESSION_GONE
 
 
+def request_seed(batch_seed: int, k: int) -> int:
+    """The sampling seed of request ``k`` of a generation batch.
+
+    SamplingParams.seed is a Smithy Integer (32-bit signed) on the real API, so
+    seeds are hashed into [0, 2**31 - 1] instead of multiplied out of range.
+    """
+    digest = hashlib.blake2b(f"{batch_seed}:{k}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
 def default_grader(text: str, example: Example) -> gsm8k.Grade:
     return gsm8k.grade(text, example.gold)
 
@@ -93,7 +104,7 @@ class GroupSampler:
         return [self._submit_one(client, i, seed, k) for k, i in enumerate(indices)]
 
     def _submit_one(self, client: Any, index: int, seed: int | None, k: int) -> Any:
-        params = self.params if seed is None else self.params.model_copy(update={"seed": seed * 100_003 + k})
+        params = self.params if seed is None else self.params.model_copy(update={"seed": request_seed(seed, k)})
         return client.sample(list(self.prompt(index)), num_samples=self.group_size, sampling_params=params)
 
     def collect(self, client: Any, indices: Sequence[int], futures: list[Any], seed: int | None) -> list[Group | None]:
