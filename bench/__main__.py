@@ -18,8 +18,8 @@ from bench.roundtrip import LOCAL_CONFIG, RunSpec
 from bench.service import local_service
 from local.toy_data import write_split
 from steps.config import load_config
-from steps.data import load_examples
-from steps.session import service_client
+from steps.gsm8k.data import load_examples
+from steps.platform.session import service_client
 
 HERE = Path(__file__).resolve().parent
 LATENCY_MS = 200

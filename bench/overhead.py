@@ -3,9 +3,9 @@
 On 1,000 synthetic samples (125 groups of 8) with 512-token completions and
 35-token prompts, thread CPU time (best of several repeats: noise only adds) of:
 
-* ``grade`` - ``steps.gsm8k.grade`` + ``reward`` on the decoded completions;
-* ``advantages`` - ``steps.loop.train_samples`` (group advantages, overlong mask);
-* ``datums`` - ``steps.datums.build_datums``;
+* ``grade`` - ``steps.gsm8k.reward.grade`` + ``reward`` on the decoded completions;
+* ``advantages`` - ``steps.dapo.batch.train_samples`` (group advantages, overlong mask);
+* ``datums`` - ``steps.dapo.batch.build_datums``;
 * ``serialise`` - what ``forward_backward`` runs on them before sending
   (``batch_to_datum_list`` + ``chunk_datum_list`` in
   ``sagemaker/train/training_session/_utils.py``).
@@ -28,12 +28,12 @@ from typing import Any, Callable
 from sagemaker.train.training_session._utils import batch_to_datum_list, chunk_datum_list
 
 from bench.roundtrip import LOCAL_CONFIG
-from steps import gsm8k
 from steps.config import load_config
-from steps.datums import build_datums
-from steps.loop import train_samples
-from steps.rollouts import Group, Rollout
-from steps.tokenization import load_tokenizer
+from steps.dapo.batch import build_datums, train_samples
+from steps.dapo.sampling import Group, Rollout
+from steps.gsm8k.prompt import render_prompt
+from steps.gsm8k.reward import Grade, RewardShaping, grade, reward
+from steps.platform.tokenizer import load_tokenizer
 
 N_SAMPLES = 1000
 GROUP_SIZE = 8
@@ -53,14 +53,14 @@ def _completion(tok: Any, answer: int) -> tuple[int, ...]:
 
 def synthetic_groups(tok: Any) -> list[Group]:
     """Groups of 512-token completions with one right answer (12) in each."""
-    prompt = tuple(gsm8k.render_prompt(tok, QUESTION))
+    prompt = tuple(render_prompt(tok, QUESTION))
     groups = []
     for g in range(N_SAMPLES // GROUP_SIZE):
         rollouts = []
         for k in range(GROUP_SIZE):
             tokens = _completion(tok, 12 if k == 0 else 10 + k)
             rollouts.append(Rollout(tokens, tuple(-0.5 - 0.001 * i for i in range(len(tokens))), "stop",
-                                    1.0 if k == 0 else 0.0, k == 0, True))
+                                    1.0 if k == 0 else 0.0, Grade(k == 0, True, str(12 if k == 0 else 10 + k))))
         groups.append(Group(g, prompt, tuple(rollouts)))
     return groups
 
@@ -81,13 +81,14 @@ def measure() -> dict[str, Any]:
     groups = synthetic_groups(tok)
     rollouts = [r for g in groups for r in g.rollouts]
     texts = [tok.decode(list(r.tokens), skip_special_tokens=True) for r in rollouts]
-    samples = train_samples(groups, cfg)
+    samples = train_samples(groups, cfg.advantage_std_scaling, cfg.overlong_filtering)
+    shaping = RewardShaping(cfg.max_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
     datums = build_datums(samples, cfg.loss_aggregation)
     wire = chunk_datum_list(batch_to_datum_list(datums, loss_fn_name=cfg.loss_fn))
 
     own = {
-        "grade": cpu_seconds(lambda: [gsm8k.reward(gsm8k.grade(t, "12")) for t in texts]),
-        "advantages": cpu_seconds(lambda: train_samples(groups, cfg)),
+        "grade": cpu_seconds(lambda: [reward(grade(t, "12"), COMPLETION_TOKENS, shaping) for t in texts]),
+        "advantages": cpu_seconds(lambda: train_samples(groups, cfg.advantage_std_scaling, cfg.overlong_filtering)),
         "datums": cpu_seconds(lambda: build_datums(samples, cfg.loss_aggregation)),
         "serialise": cpu_seconds(lambda: chunk_datum_list(batch_to_datum_list(datums, loss_fn_name=cfg.loss_fn))),
     }

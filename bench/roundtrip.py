@@ -38,15 +38,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from local.training_session.faults import Faults
-from steps import metrics as metrics_io
-from steps import train
+from steps.dapo import metrics as metrics_io
 from steps.config import load_config
-from steps.data import Example
-from steps.data_order import DataPosition, take
-from steps.gsm8k import Grade
-from steps.loop import Trainer
-from steps.session import lora_kwargs
-from steps.tokenization import load_tokenizer
+from steps.dapo.loop import Trainer
+from steps.dapo.state import DataPosition, LoopState, take
+from steps.gsm8k.data import Example
+from steps.gsm8k.reward import Grade
+from steps.platform.session import lora_kwargs
+from steps.platform.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "config" / "local.yaml"
@@ -89,19 +88,19 @@ def run(spec: RunSpec, client: Any, examples: Sequence[Example], workdir: Path) 
         "save_every": 1000, "eval_every": 0,  # one checkpoint, after the last step: not timed
     })
     stamps: list[tuple[float, str]] = []
-    tc = client.create_lora_training_client(**lora_kwargs(cfg.session))
-    trainer = Trainer(tc=tc, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"), train=examples, eval=[],
-                      metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl"), checkpoint_dir=workdir / "ckpt",
-                      grader=scripted_grader(spec.keep, spec.group_size),
-                      print_fn=lambda line: stamps.append((time.monotonic(), line)))
+    training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
+    log = metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: stamps.append((time.monotonic(), line)))
+    trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"),
+                      train_examples=examples, eval_examples=[], metrics=log, checkpoint_dir=workdir / "ckpt",
+                      grader=scripted_grader(spec.keep, spec.group_size))
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
-        outcome = trainer.run(train.fresh_start(SEED))
+        outcome = trainer.run(LoopState(seed=SEED))
     finally:
-        tc.stop()
+        training_client.stop()
     cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-    if outcome.steps_completed != spec.steps:
-        raise RuntimeError(f"{spec}: only {outcome.steps_completed} steps ({outcome.stop_reason})")
+    if outcome.state.step != spec.steps:
+        raise RuntimeError(f"{spec}: only {outcome.state.step} steps ({outcome.state.stop_reason})")
     records = [r for r in metrics_io.read(workdir / "metrics.jsonl") if r["kind"] == "step"]
     steps = step_rows(spec, examples, records, stamps)
     return {"spec": asdict(spec), "steps": steps, "summary": summarise(spec, steps, cpu, wall)}

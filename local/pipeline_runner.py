@@ -206,8 +206,10 @@ class LocalExecution:
                     proc.kill()
                     proc.wait()
         if code != 0:
-            errors = [l for l in tail if l.startswith("error:")] or [l.strip() for l in tail[-5:] if l.strip()]
-            raise PipelineFailed(rec.name, f"exit code {code}: " + " | ".join(errors))
+            # The step's `error:` message and the lines it continues on; else the last lines it printed.
+            first = next((i for i, line in enumerate(tail) if line.startswith("error:")), max(0, len(tail) - 5))
+            message = " | ".join(line.strip() for line in tail[first:] if line.strip())
+            raise PipelineFailed(rec.name, f"exit code {code}: {message}")
 
     def _processing(self, step: dict[str, Any], rec: StepRecord) -> None:
         args = self.resolve(step["Arguments"])

@@ -22,7 +22,8 @@ from local import report
 from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
 from local.stack import ROOT, LocalStack
 from local.toy_data import write_split
-from steps.versions import require_training_session_sdk
+from steps.cli import Refused, parse_pairs
+from steps.platform.versions import require_training_session_sdk
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -36,16 +37,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"))
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     return p.parse_args(argv)
-
-
-def _parse_params(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"error: --param {item!r}: expected NAME=VALUE")
-        out[name] = value
-    return out
 
 
 class Progress:
@@ -108,7 +99,7 @@ def evaluate_base(stack: LocalStack, workdir: Path, run_dir: Path, eval_size: An
 def main(argv: Sequence[str] | None = None) -> int:
     require_training_session_sdk()
     args = parse_args(argv)
-    params = _parse_params(args.param)
+    params = parse_pairs(args.param, "--param", example="BatchSize=64")
     run_id = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.runs_dir) / run_id
     workdir = run_dir / "work"
@@ -152,6 +143,9 @@ def _bucket_of(definition: dict[str, Any]) -> str:
 if __name__ == "__main__":
     try:
         sys.exit(main())
+    except Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted: every process this run started has been stopped", file=sys.stderr)
         sys.exit(130)

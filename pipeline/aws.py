@@ -9,10 +9,10 @@ from typing import Any, Callable
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from steps.config import ConfigError
+from steps.cli import Refused
 
 
-class UserError(Exception):
+class UserError(Refused):
     """A problem the user fixes (config, credentials, missing resource); printed without a traceback."""
 
 
@@ -63,7 +63,7 @@ def cli_main(main: Callable[..., int]) -> Callable[..., int]:
     def wrapper(*args, **kwargs) -> int:
         try:
             return main(*args, **kwargs)
-        except (UserError, ConfigError) as exc:
+        except Refused as exc:  # UserError, ConfigError, a malformed --param ...
             message = str(exc)
         except ClientError as exc:
             err = exc.response.get("Error", {})

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from pipeline.aws import UserError, aws_session, cli_main, resolve_region
 from pipeline.config import find_placeholders, load
-from steps.versions import require_training_session_sdk
+from steps.platform.versions import require_training_session_sdk
 
 GSM8K_REPO = "openai/gsm8k"
 GSM8K_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     require_training_session_sdk()
     cfg, run = load(args.config)
-    left = [k for k in find_placeholders(cfg, run) if k in ("pipeline.train_s3_uri", "pipeline.eval_s3_uri")]
+    left = [k for k in find_placeholders(run) if k in ("pipeline.train_s3_uri", "pipeline.eval_s3_uri")]
     if left:
         raise UserError(f"{args.config}: fill in {', '.join(left)} first")
     s3 = aws_session(resolve_region(run.session.region, args.config)).client("s3")

@@ -16,9 +16,9 @@ from typing import Any, Sequence
 import boto3
 
 from pipeline.aws import cli_main
-from pipeline.config import PipelineConfig, load
-from steps.config import RunConfig
-from steps.versions import require_training_session_sdk
+from pipeline.config import load
+from steps.config import PipelineConfig, RunConfig
+from steps.platform.versions import require_training_session_sdk
 
 # Any region works offline: nothing in the definition depends on it.
 OFFLINE_REGION = "us-east-1"

@@ -17,19 +17,19 @@ import boto3
 from botocore.exceptions import ClientError
 
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
-from pipeline.config import PipelineConfig, find_placeholders, load
+from pipeline.config import find_placeholders, load
 from pipeline.definition import build_definition
-from steps.config import RunConfig
-from steps.versions import require_training_session_sdk
+from steps.config import PipelineConfig, RunConfig
+from steps.platform.versions import require_training_session_sdk
 
 _ECR_IMAGE = re.compile(
     r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)(?::(?P<tag>[^@]+))?(?:@(?P<digest>.+))?$"
 )
 
 
-def check_ready(cfg: PipelineConfig, run: RunConfig, source: str) -> None:
+def check_ready(run: RunConfig, source: str) -> None:
     """Refuse a config that still holds values from the example file."""
-    left = find_placeholders(cfg, run)
+    left = find_placeholders(run)
     if left:
         raise UserError(f"{source}: fill in {', '.join(repr(k) for k in left)} (still <PLACEHOLDER> values from the example)")
 
@@ -73,7 +73,7 @@ def upsert(sm: Any, cfg: PipelineConfig, definition: str) -> tuple[str, str]:
         RoleArn=cfg.role_arn,
         PipelineDescription=cfg.description,
     )
-    tags = [{"Key": k, "Value": v} for k, v in cfg.tags]
+    tags = [{"Key": k, "Value": v} for k, v in cfg.tags.items()]
     arn = existing_pipeline_arn(sm, cfg.name)
     if arn is None:
         return "created", sm.create_pipeline(**args, **({"Tags": tags} if tags else {}))["PipelineArn"]
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     require_training_session_sdk()
     cfg, run = load(args.config)
-    check_ready(cfg, run, args.config)
+    check_ready(run, args.config)
     region = resolve_region(run.session.region, args.config)
     action, arn = deploy(cfg, run, aws_session(region))
     print(f"{action} pipeline '{cfg.name}' in {region}: {arn}")

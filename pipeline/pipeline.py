@@ -13,10 +13,8 @@ paths, hyperparameters and two channels.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import boto3
@@ -49,8 +47,8 @@ from sagemaker.mlops.workflow.retry import (
 from sagemaker.mlops.workflow.steps import ProcessingStep, TrainingStep
 from sagemaker.train.model_trainer import ModelTrainer
 
-from pipeline.config import PARAMETER_KEYS, PipelineConfig
-from steps.config import RunConfig, to_dict
+from steps.config import PipelineConfig, RunConfig, to_dict
+from steps.config.parameters import HYPERPARAMETERS, PARAMETERS
 
 # Importing the SDK sets the root logger to INFO; put it back so the commands
 # print only what matters, and drop the notices every pipeline build triggers
@@ -111,49 +109,12 @@ JOB_RETRY_POLICIES = [
 ]
 
 
-@dataclass(frozen=True)
-class Parameters:
-    """The values a user may change per execution (console or ``make start-pipeline``)."""
-
-    train_data: ParameterString
-    eval_data: ParameterString
-    base_model: ParameterString
-    batch_size: ParameterInteger
-    group_size: ParameterInteger
-    max_steps: ParameterInteger
-    learning_rate: ParameterFloat
-    max_num_gen_batches: ParameterInteger
-    clip_low_threshold: ParameterFloat
-    clip_high_threshold: ParameterFloat
-    eval_size: ParameterInteger
-    accuracy_threshold: ParameterFloat
-    processing_instance_type: ParameterString
-    training_instance_type: ParameterString
-    image_uri: ParameterString
-
-    def as_list(self) -> list[Any]:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+_PARAMETER_TYPES = {"String": ParameterString, "Integer": ParameterInteger, "Float": ParameterFloat}
 
 
-def make_parameters(cfg: PipelineConfig, run: RunConfig) -> Parameters:
-    d, s = run.dapo, run.session
-    return Parameters(
-        train_data=ParameterString("TrainDataS3Uri", default_value=cfg.train_s3_uri),
-        eval_data=ParameterString("EvalDataS3Uri", default_value=cfg.eval_s3_uri),
-        base_model=ParameterString("BaseModel", default_value=s.base_model),
-        batch_size=ParameterInteger("BatchSize", default_value=d.batch_size),
-        group_size=ParameterInteger("GroupSize", default_value=d.group_size),
-        max_steps=ParameterInteger("MaxSteps", default_value=d.max_steps),
-        learning_rate=ParameterFloat("LearningRate", default_value=d.learning_rate),
-        max_num_gen_batches=ParameterInteger("MaxNumGenBatches", default_value=d.max_num_gen_batches),
-        clip_low_threshold=ParameterFloat("ClipLowThreshold", default_value=d.clip_low_threshold),
-        clip_high_threshold=ParameterFloat("ClipHighThreshold", default_value=d.clip_high_threshold),
-        eval_size=ParameterInteger("EvalSize", default_value=d.eval_size),
-        accuracy_threshold=ParameterFloat("AccuracyThreshold", default_value=cfg.accuracy_threshold),
-        processing_instance_type=ParameterString("ProcessingInstanceType", default_value=cfg.processing_instance_type),
-        training_instance_type=ParameterString("TrainingInstanceType", default_value=cfg.training_instance_type),
-        image_uri=ParameterString("ImageUri", default_value=cfg.image_uri),
-    )
+def make_parameters(run: RunConfig) -> dict[str, Any]:
+    """Every pipeline parameter of the one table in steps.config.parameters, defaulting to its config key."""
+    return {p.name: _PARAMETER_TYPES[p.kind](p.name, default_value=p.default(run)) for p in PARAMETERS}
 
 
 def make_session(region: str, default_bucket: str, boto_session: boto3.Session | None = None) -> PipelineSession:
@@ -176,7 +137,7 @@ def _yaml_scalar(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
 
 
-def _hyperparameters(run: RunConfig, params: Parameters) -> dict[str, Any]:
+def _hyperparameters(run: RunConfig, params: dict[str, Any]) -> dict[str, Any]:
     """Every session/dapo setting of the config, the parameterised ones as pipeline variables.
 
     Passing all of them (not only the parameters) makes the definition carry
@@ -184,9 +145,8 @@ def _hyperparameters(run: RunConfig, params: Parameters) -> dict[str, Any]:
     """
     flat = {k: v for section in to_dict(run).values() for k, v in section.items()}
     hps: dict[str, Any] = {k: _yaml_scalar(v) for k, v in flat.items()}
-    by_name = {p.name: p for p in params.as_list()}
-    for name, key in PARAMETER_KEYS.items():
-        p = by_name[name]
+    for name, key in HYPERPARAMETERS.items():
+        p = params[name]
         hps[key] = p if isinstance(p, ParameterString) else p.to_string()
     return hps
 
@@ -196,12 +156,12 @@ def _run_prefix(cfg: PipelineConfig, *parts: str) -> Join:
     return Join(on="/", values=[cfg.output_prefix, ExecutionVariables.PIPELINE_EXECUTION_ID, *parts])
 
 
-def _processor(cfg: PipelineConfig, params: Parameters, module: str, session: PipelineSession) -> Processor:
+def _processor(cfg: PipelineConfig, params: dict[str, Any], module: str, session: PipelineSession) -> Processor:
     return Processor(
         role=cfg.role_arn,
-        image_uri=params.image_uri,
+        image_uri=params["ImageUri"],
         instance_count=1,
-        instance_type=params.processing_instance_type,
+        instance_type=params["ProcessingInstanceType"],
         entrypoint=["python", "-m", f"steps.{module}"],
         base_job_name=f"dapo-{module}",
         max_runtime_in_seconds=cfg.processing_max_runtime_seconds,
@@ -226,20 +186,20 @@ def _s3_output(name: str, destination: Join, local_dir: str) -> ProcessingOutput
 
 def _tags(cfg: PipelineConfig) -> list[dict[str, str]] | None:
     # Processor takes boto-style dicts; ModelTrainer wants Tag models (see _train_step).
-    return [{"Key": k, "Value": v} for k, v in cfg.tags] or None
+    return [{"Key": k, "Value": v} for k, v in cfg.tags.items()] or None
 
 
-def _validate_step(cfg: PipelineConfig, params: Parameters, session: PipelineSession) -> ProcessingStep:
+def _validate_step(cfg: PipelineConfig, params: dict[str, Any], session: PipelineSession) -> ProcessingStep:
     args = _processor(cfg, params, "validate", session).run(
         inputs=[
-            _s3_input("train", params.train_data, f"{PROC}/input/train"),
-            _s3_input("eval", params.eval_data, f"{PROC}/input/eval"),
+            _s3_input("train", params["TrainDataS3Uri"], f"{PROC}/input/train"),
+            _s3_input("eval", params["EvalDataS3Uri"], f"{PROC}/input/eval"),
         ],
         outputs=[_s3_output("validated", _run_prefix(cfg, "ValidateData", "validated"), VALIDATED_DIR)],
         arguments=[
             "--train", f"{PROC}/input/train",
             "--eval", f"{PROC}/input/eval",
-            "--batch-size", params.batch_size.to_string(),
+            "--batch-size", params["BatchSize"].to_string(),
             "--output", VALIDATED_DIR,
         ],
     )
@@ -247,19 +207,19 @@ def _validate_step(cfg: PipelineConfig, params: Parameters, session: PipelineSes
 
 
 def _train_step(
-    cfg: PipelineConfig, run: RunConfig, params: Parameters, validated: Any, session: PipelineSession
+    cfg: PipelineConfig, run: RunConfig, params: dict[str, Any], validated: Any, session: PipelineSession
 ) -> TrainingStep:
     trainer = ModelTrainer(
-        training_image=params.image_uri,  # the image's `train` entrypoint runs steps.train
+        training_image=params["ImageUri"],  # the image's `train` entrypoint runs steps.train
         role=cfg.role_arn,
         base_job_name="dapo-train",
-        compute=Compute(instance_type=params.training_instance_type, instance_count=1, volume_size_in_gb=30),
+        compute=Compute(instance_type=params["TrainingInstanceType"], instance_count=1, volume_size_in_gb=30),
         stopping_condition=StoppingCondition(max_runtime_in_seconds=cfg.max_runtime_seconds),
         output_data_config=OutputDataConfig(
             s3_output_path=_run_prefix(cfg, "TrainDAPO", "output"), compression_type="GZIP"
         ),
         hyperparameters=_hyperparameters(run, params),
-        tags=[Tag(key=k, value=v) for k, v in cfg.tags] or None,
+        tags=[Tag(key=k, value=v) for k, v in cfg.tags.items()] or None,
         sagemaker_session=session,
     )
     trainer = trainer.with_checkpoint_config(
@@ -275,7 +235,7 @@ def _train_step(
 
 
 def _evaluate_step(
-    cfg: PipelineConfig, params: Parameters, validated: Any, model: Any, report: PropertyFile, session: PipelineSession
+    cfg: PipelineConfig, params: dict[str, Any], validated: Any, model: Any, report: PropertyFile, session: PipelineSession
 ) -> ProcessingStep:
     args = _processor(cfg, params, "evaluate", session).run(
         inputs=[
@@ -287,7 +247,7 @@ def _evaluate_step(
             "--model", f"{PROC}/input/model",
             "--eval", f"{PROC}/input/eval",
             "--output", EVALUATION_DIR,
-            "--eval-size", params.eval_size.to_string(),
+            "--eval-size", params["EvalSize"].to_string(),
         ],
     )
     return ProcessingStep(
@@ -296,7 +256,7 @@ def _evaluate_step(
 
 
 def _approve_step(
-    cfg: PipelineConfig, params: Parameters, model: Any, evaluation: Any, session: PipelineSession
+    cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluation: Any, session: PipelineSession
 ) -> ProcessingStep:
     args = _processor(cfg, params, "approve", session).run(
         inputs=[
@@ -311,7 +271,7 @@ def _approve_step(
 def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSession | None = None) -> Pipeline:
     """Build the pipeline; no AWS call happens here or in ``definition()``."""
     session = session or make_session(run.session.region or "us-east-1", cfg.default_bucket)
-    params = make_parameters(cfg, run)
+    params = make_parameters(run)
 
     validate = _validate_step(cfg, params, session)
     validated = validate.properties.ProcessingOutputConfig.Outputs["validated"].S3Output.S3Uri
@@ -329,19 +289,19 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
         name="AccuracyTooLow",
         error_message=Join(
             on="",
-            values=["Accuracy ", accuracy, " is below the AccuracyThreshold ", params.accuracy_threshold,
+            values=["Accuracy ", accuracy, " is below the AccuracyThreshold ", params["AccuracyThreshold"],
                     "; the model was not approved."],
         ),
     )
     check = ConditionStep(
         name="CheckAccuracy",
-        conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=params.accuracy_threshold)],
+        conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=params["AccuracyThreshold"])],
         if_steps=[approve],
         else_steps=[too_low],
     )
     return Pipeline(
         name=cfg.name,
-        parameters=params.as_list(),
+        parameters=list(params.values()),
         steps=[validate, train, evaluate, check],
         sagemaker_session=session,
         pipeline_experiment_config=None,  # Experiments would need extra permissions

@@ -13,25 +13,17 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
-from pipeline.config import PARAMETER_KEYS, load
-from steps.config import apply_overrides, config_from_dict, load_yaml
-from steps.versions import require_training_session_sdk
+from pipeline.config import load
+from steps.cli import parse_pairs
+from steps.config import config_from_dict, load_yaml
+from steps.config.parameters import overridden
+from steps.platform.versions import require_training_session_sdk
 
 TERMINAL = ("Succeeded", "Failed", "Stopped")
 
 
-def parse_params(items: Iterable[str]) -> dict[str, str]:
-    params: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise UserError(f"--param {item!r}: expected Name=Value, e.g. BatchSize=64")
-        params[name.strip()] = value.strip()
-    return params
-
-
 def check_params(params: dict[str, str], declared: dict[str, str], config_path: str) -> None:
-    """Names and types from the deployed definition, ranges from steps.config."""
+    """Names and types from the deployed definition, ranges from the config models."""
     typed: dict[str, Any] = {}
     for name, value in params.items():
         if name not in declared:
@@ -41,12 +33,8 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
             typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)
         except ValueError:
             raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
-    overrides = {PARAMETER_KEYS[n]: v for n, v in typed.items() if n in PARAMETER_KEYS}
-    if overrides:
-        source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
-        config_from_dict(apply_overrides(load_yaml(config_path), overrides, source), source=source)
-    if "AccuracyThreshold" in typed and not 0 <= typed["AccuracyThreshold"] <= 1:
-        raise UserError(f"parameter AccuracyThreshold={params['AccuracyThreshold']}: must be in [0, 1]")
+    source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
+    config_from_dict(overridden(load_yaml(config_path), typed), source=source)
 
 
 def deployed_parameters(sm: Any, name: str, region: str) -> dict[str, str]:
@@ -121,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     require_training_session_sdk()
     cfg, run = load(args.config)
-    params = parse_params(args.param)
+    params = parse_pairs(args.param, "--param", example="BatchSize=64")
     region = resolve_region(run.session.region, args.config)
     sm = aws_session(region).client("sagemaker")
     arn = start(sm, cfg.name, region, params, args.config)

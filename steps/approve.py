@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from steps.model_artifact import ModelArtifactError, read_model_json
-from steps.versions import require_training_session_sdk
+from steps.cli import Refused, run_step
+from steps.platform.artifacts import read_model_json
 
 APPROVED = "Approved"
 
@@ -34,7 +34,7 @@ def read_evaluation(path: str | Path) -> dict[str, Any]:
         evaluation = json.loads(p.read_text(encoding="utf-8"))
         float(evaluation["metrics"]["accuracy"]["value"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{p}: not an evaluation.json with metrics.accuracy.value ({exc})") from None
+        raise Refused(f"{p}: not an evaluation.json with metrics.accuracy.value ({exc})") from None
     return evaluation
 
 
@@ -57,14 +57,12 @@ def approve(client: Any, arn: str, evaluation: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    require_training_session_sdk()
-    args = parse_args(argv)
-    try:
-        model = read_model_json(args.model)
-        evaluation = read_evaluation(args.evaluation)
-    except (ModelArtifactError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_step(lambda: run(parse_args(argv)))
+
+
+def run(args: argparse.Namespace) -> int:
+    model = read_model_json(args.model)
+    evaluation = read_evaluation(args.evaluation)
     region = (model.get("config", {}).get("session", {}) or {}).get("region")
     outcome = approve(registry_client(region), model["model_package_arn"], evaluation)
     print(f"approve: {model['model_package_arn']} {outcome}", flush=True)

@@ -14,13 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from steps.cli import Refused, run_step
 from steps.config import config_from_dict
-from steps.data import load_examples
-from steps.evaluation import EvalResult, evaluate_greedy
-from steps.model_artifact import ModelArtifactError, read_model_json
-from steps.session import SessionConfigError, service_client
-from steps.tokenization import load_tokenizer
-from steps.versions import require_training_session_sdk
+from steps.dapo.heldout import EvalResult, evaluate_greedy
+from steps.gsm8k.data import load_examples
+from steps.platform.artifacts import read_model_json
+from steps.platform.session import service_client
+from steps.platform.tokenizer import load_tokenizer
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -57,12 +57,12 @@ def write_outputs(out: Path, evaluation: dict[str, Any], result: EvalResult) -> 
 def run(args: argparse.Namespace) -> int:
     model = read_model_json(args.model)
     cfg = config_from_dict(model["config"], source=f"{args.model}: model.json config")
-    size = args.eval_size or cfg.dapo.eval_size
+    size = cfg.dapo.eval_size if args.eval_size is None else args.eval_size
     if size < 1:
-        raise ValueError(f"--eval-size must be >= 1, got {size}")
+        raise Refused(f"--eval-size must be >= 1, got {size}")
     examples = load_examples(args.eval)[:size]
     if not examples:
-        raise ValueError(f"{args.eval}: no evaluation examples")
+        raise Refused(f"{args.eval}: no evaluation examples")
     tokenizer = load_tokenizer(cfg.session.tokenizer)
     svc = service_client(cfg.session)
     if args.base:
@@ -82,13 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    require_training_session_sdk()
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except (ModelArtifactError, SessionConfigError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+    return run_step(lambda: run(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -13,31 +13,23 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from steps import checkpoint as ckpt_io
-from steps import metrics as metrics_io
-from steps.config import ConfigError, RunConfig, load_config, to_dict
-from steps.data import Example, load_examples
-from steps.data_order import DataPosition
-from steps.loop import Outcome, Trainer
-from steps.session import SessionConfigError, lora_kwargs, service_client
-from steps.tokenization import load_tokenizer
-from steps.versions import require_training_session_sdk
+from steps.cli import Refused, parse_pairs, run_step
+from steps.config import RunConfig, load_config, to_dict
+from steps.dapo import metrics as metrics_io
+from steps.dapo import state as checkpoint
+from steps.dapo.loop import Outcome, Trainer
+from steps.dapo.state import LoopState
+from steps.gsm8k.data import Example, load_examples
+from steps.platform.artifacts import write_model_json
+from steps.platform.session import lora_kwargs, service_client
+from steps.platform.tokenizer import load_tokenizer
 
 log = logging.getLogger("steps.train")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "default.yaml"
-EXIT_REFUSED = 2
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived (SageMaker stopping the job): unwind so the session is stopped.
-
-    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way
-    (a sample retry, say) mistakes it for a failed request and carries on."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -55,23 +47,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def read_config(args: argparse.Namespace) -> RunConfig:
     overrides: dict[str, Any] = {}
     hp = Path(args.hyperparameters)
     if hp.exists():
         overrides.update(json.loads(hp.read_text(encoding="utf-8")))
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key] = value
-    return overrides
+    overrides.update(parse_pairs(args.set, "--set"))
+    return load_config(args.config, overrides)
 
 
 def load_inputs(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[Example], list[Example]]:
     train = load_examples(args.train)
     if len(train) < cfg.dapo.batch_size:
-        raise ValueError(
+        raise Refused(
             f"{args.train}: {len(train)} training examples, fewer than dapo.batch_size={cfg.dapo.batch_size}. "
             "Add data or lower batch_size; no training session was created."
         )
@@ -79,103 +67,78 @@ def load_inputs(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[Example]
     return train, evaluation
 
 
-def fresh_start(seed: int) -> ckpt_io.Checkpoint:
-    return ckpt_io.Checkpoint(step=0, state_model_package_arn="", sampler_model_package_arn="",
-                              position=DataPosition(), gen_batches_drawn=0, seed=seed)
-
-
-def open_session(svc: Any, cfg: RunConfig, start: ckpt_io.Checkpoint) -> Any:
+def open_session(svc: Any, cfg: RunConfig, start: LoopState) -> Any:
     if start.state_model_package_arn:
         log.info("resuming from %s (step %d)", start.state_model_package_arn, start.step)
-        return svc.create_training_client_from_state_with_optimizer(start.state_model_package_arn, **lora_kwargs(cfg.session))
+        return svc.create_training_client_from_state_with_optimizer(start.state_model_package_arn,
+                                                                    **lora_kwargs(cfg.session))
     return svc.create_lora_training_client(**lora_kwargs(cfg.session))
 
 
-def write_model_dir(model_dir: str, cfg: RunConfig, outcome: Outcome) -> None:
-    d = Path(model_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    final = outcome.final_eval
-    record = {
-        "model_package_arn": outcome.sampler_model_package_arn,
-        "state_model_package_arn": outcome.state_model_package_arn,
+def model_record(cfg: RunConfig, outcome: Outcome) -> dict[str, Any]:
+    state, final = outcome.state, outcome.final_eval
+    return {
+        "model_package_arn": state.sampler_model_package_arn,
+        "state_model_package_arn": state.state_model_package_arn,
         "base_model": cfg.session.base_model,
-        "steps_completed": outcome.steps_completed,
-        "stopped_early": outcome.stopped_early,
-        "stop_reason": outcome.stop_reason,
-        "final_eval": None if final is None else {"accuracy": final.accuracy, "n": final.n, "format_error_rate": final.format_error_rate},
+        "steps_completed": state.step,
+        "stopped_early": state.stopped_early,
+        "stop_reason": state.stop_reason,
+        "final_eval": None if final is None else
+        {"accuracy": final.accuracy, "n": final.n, "format_error_rate": final.format_error_rate},
         "config": to_dict(cfg),
     }
-    tmp = d / ".model.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
-    tmp.replace(d / "model.json")
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+def resume_hint(checkpoint_dir: str) -> str:
+    try:
+        state = checkpoint.read(checkpoint_dir)
+    except checkpoint.CheckpointError:
+        state = None
+    if state is None:
+        return "no checkpoint was saved yet; running the step again starts from scratch"
+    return f"running the step again resumes from the checkpoint of step {state.step} in {checkpoint_dir}"
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, read_overrides(args))
-    train, evaluation = load_inputs(args, cfg)
-    start = ckpt_io.read(args.checkpoint_dir) or fresh_start(cfg.dapo.seed)
+def describe_failure(exc: BaseException) -> str:
+    from botocore.exceptions import BotoCoreError, ClientError
+    from sagemaker.train.training_session import TrainingSessionError
+
+    if isinstance(exc, (TrainingSessionError, ClientError, BotoCoreError)):
+        return f"the training session failed ({type(exc).__name__}: {exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def train(args: argparse.Namespace) -> int:
+    cfg = read_config(args)
+    train_examples, eval_examples = load_inputs(args, cfg)
+    start = checkpoint.resume_or_start(args.checkpoint_dir, cfg.dapo.seed)
     tokenizer = load_tokenizer(cfg.session.tokenizer)
     metrics_path = Path(args.output_dir) / "metrics.jsonl"
     metrics_io.truncate_after(metrics_path, start.step)
     svc = service_client(cfg.session)
 
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    tc = None
+    training_client = open_session(svc, cfg, start)
     try:
-        tc = open_session(svc, cfg, start)
-        trainer = Trainer(tc=tc, cfg=cfg.dapo, tokenizer=tokenizer, train=train, eval=evaluation,
-                          metrics=metrics_io.MetricsLog(metrics_path), checkpoint_dir=Path(args.checkpoint_dir),
-                          print_fn=lambda line: print(line, flush=True))
+        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=tokenizer,
+                          train_examples=train_examples, eval_examples=eval_examples,
+                          metrics=metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True)),
+                          checkpoint_dir=Path(args.checkpoint_dir))
         outcome = trainer.run(start)
-        write_model_dir(args.model_dir, cfg, outcome)
+        write_model_json(args.model_dir, model_record(cfg, outcome))
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if tc is not None:
-            tc.stop()
-            log.info("training session %s stopped", tc.training_session_name)
-    print(f"done: steps={outcome.steps_completed} stopped_early={str(outcome.stopped_early).lower()} "
-          f"model_package_arn={outcome.sampler_model_package_arn}", flush=True)
+        training_client.stop()
+        log.info("training session %s stopped", training_client.training_session_name)
+    state = outcome.state
+    print(f"done: steps={state.step} stopped_early={str(state.stopped_early).lower()} "
+          f"model_package_arn={state.sampler_model_package_arn}", flush=True)
     return 0
 
 
-def _service_errors() -> tuple[type[BaseException], ...]:
-    from botocore.exceptions import BotoCoreError, ClientError
-    from sagemaker.train.training_session import TrainingSessionError
-
-    return (TrainingSessionError, ClientError, BotoCoreError)
-
-
-def _resume_hint(checkpoint_dir: str) -> str:
-    try:
-        ckpt = ckpt_io.read(checkpoint_dir)
-    except ckpt_io.CheckpointError:
-        ckpt = None
-    if ckpt is None:
-        return "no checkpoint was saved yet; running the step again starts from scratch"
-    return f"running the step again resumes from the checkpoint of step {ckpt.step} in {checkpoint_dir}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    require_training_session_sdk()
     args = parse_args(argv)
-    try:
-        return run(args)
-    except (ConfigError, SessionConfigError, ckpt_io.CheckpointError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_REFUSED
-    except _service_errors() as exc:
-        print(f"error: the training session failed ({type(exc).__name__}: {exc}); the session was stopped and "
-              f"{_resume_hint(args.checkpoint_dir)}", file=sys.stderr, flush=True)
-        return 1
-    except Terminated:
-        print(f"error: SIGTERM received; the training session was stopped and {_resume_hint(args.checkpoint_dir)}",
-              file=sys.stderr, flush=True)
-        return 143
+    return run_step(lambda: train(args), describe=describe_failure,
+                    hint=lambda: f"the training session was stopped and {resume_hint(args.checkpoint_dir)}")
 
 
 if __name__ == "__main__":

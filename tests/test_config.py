@@ -77,3 +77,33 @@ def test_override_of_unknown_key_is_an_error():
     # An override is validated like the file: out of range names the key.
     with pytest.raises(ConfigError, match="'dapo.group_size' must be >= 2"):
         config_from_dict(apply_overrides({}, {"group_size": "1"}, "hp"), "hp")
+
+
+def test_default_yaml_documents_every_key_with_the_models_default():
+    """config/default.yaml is the reference: every key of every section, each at the model's default.
+
+    Keys without a usable default (required, or None because only the site knows them) carry an
+    example value there instead.
+    """
+    from pathlib import Path
+
+    from steps.config import load_yaml
+    from steps.config.models import SECTIONS
+
+    raw = load_yaml(Path(__file__).resolve().parents[1] / "config" / "default.yaml")
+    assert set(raw) == set(SECTIONS)
+    for section, model in SECTIONS.items():
+        assert set(raw[section]) == set(model.model_fields), section
+        for name, field in model.model_fields.items():
+            default = None if field.is_required() else field.get_default(call_default_factory=True)
+            if default is not None:
+                assert raw[section][name] == default, f"{section}.{name}"
+
+
+def test_readme_parameter_table_is_the_parameter_table():
+    from pathlib import Path
+
+    from steps.config.parameters import markdown_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert markdown_table() in readme

@@ -73,6 +73,15 @@ def test_failed_requests_are_counted_wrong_and_reported(trained, tmp_path, local
     assert "5 of 5 requests failed" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("local_service")
+def test_eval_size_zero_is_refused_not_replaced_by_the_default(trained, tmp_path, capsys):
+    d, eval_path = trained
+    assert evaluate.main(["--model", str(d / "model"), "--eval", str(eval_path), "--output", str(tmp_path),
+                          "--eval-size", "0"]) == 2
+    assert "--eval-size must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "evaluation.json").exists()
+
+
 def test_evaluate_refuses_a_model_without_model_json(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert evaluate.main(["--model", str(tmp_path / "empty"), "--eval", str(tmp_path), "--output", str(tmp_path / "o")]) == 2

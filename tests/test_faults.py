@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from local.training_session.faults import Faults
-from steps import checkpoint as ckpt_io
 from steps import train
+from steps.dapo import state as ckpt_io
 from tests.test_train import argv, start_training, step_records, toy_data  # noqa: F401 (toy_data: fixture)
 
 pytestmark = pytest.mark.usefixtures("local_service")
@@ -71,7 +71,7 @@ def adam_steps(service, arn: str) -> int:
     return int(service.state.registry.weights(arn)["adam_step"])
 
 
-def checked_checkpoint(service, ckpt_dir: Path) -> ckpt_io.Checkpoint | None:
+def checked_checkpoint(service, ckpt_dir: Path) -> ckpt_io.LoopState | None:
     """checkpoint.json parses (read raises CheckpointError otherwise), and its saved
     state holds exactly the steps it claims: none applied twice, none lost."""
     ckpt = ckpt_io.read(ckpt_dir)
@@ -88,7 +88,7 @@ def running(sessions: list[dict]) -> list[dict]:
     return [s for s in sessions if s["status"] not in ("Stopped", "Failed")]
 
 
-def assert_finished(tmp_path: Path, service, n_steps: int) -> ckpt_io.Checkpoint:
+def assert_finished(tmp_path: Path, service, n_steps: int) -> ckpt_io.LoopState:
     """Every step logged exactly once, and the final state holds exactly n_steps optimizer steps."""
     assert [r["step"] for r in step_records(tmp_path)] == list(range(1, n_steps + 1))
     ckpt = checked_checkpoint(service, tmp_path / "ckpt")
@@ -243,7 +243,7 @@ def test_checkpoint_damage(tmp_path, toy_data, local_service, capsys):
     assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=2")) == 0
     first_two = step_records(tmp_path)
     ckpt_dir = tmp_path / "ckpt"
-    (ckpt_dir / ".checkpoint.json.tmp").write_text('{"version": 1, "step": 9')  # a write cut short
+    (ckpt_dir / ".checkpoint.json.tmp").write_text('{"version": 2, "step": 9')  # a write cut short
     assert train.main(argv(tmp_path, toy_data, *SETS, "max_steps=4")) == 0
     assert_finished(tmp_path, local_service, 4)
     assert step_records(tmp_path)[:2] == first_two  # resumed at step 3: steps 1-2 were not redone

@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 
 from local.training_session.tokenizer import ToyTokenizer
-from steps import gsm8k
-from steps.gsm8k import Grade, extract_answer, gold_answer, grade, normalize_question, render_prompt, reward
+from steps.gsm8k.answer import extract_answer, gold_answer
+from steps.gsm8k.prompt import INSTRUCTION, build_messages, render_prompt
+from steps.gsm8k.reward import Grade, RewardShaping, grade, overlong_penalty, reward
+from steps.gsm8k.rules import normalize_question
 
 # (completion, gold, expected extracted, expected formatted, expected correct)
 COMPLETIONS = [
@@ -56,7 +58,7 @@ COMPLETIONS = [
 def test_grade_table(completion, gold, extracted, formatted, correct):
     assert extract_answer(completion) == (extracted, formatted)
     assert grade(completion, gold) == Grade(correct=correct, formatted=formatted, extracted=extracted)
-    assert reward(grade(completion, gold)) == (1.0 if correct else 0.0)
+    assert reward(grade(completion, gold), 10, RewardShaping(512)) == (1.0 if correct else 0.0)
 
 
 def test_toy_tokenizer_completions_round_trip_and_grade():
@@ -96,15 +98,20 @@ def test_gold_answer(answer, gold):
     assert gold_answer(answer) == gold
 
 
+@pytest.mark.parametrize("length,expected", [(100, 0.0), (412, 0.0), (462, -0.5), (512, -1.0), (600, -1.0)])
+def test_overlong_penalty_is_dapo_soft_punishment(length, expected):
+    assert overlong_penalty(length, RewardShaping(512, overlong_buffer=100, overlong_penalty=1.0)) == pytest.approx(expected)
+    assert overlong_penalty(length, RewardShaping(512)) == 0.0
+    assert reward(grade("#### 7", "7"), length, RewardShaping(512, 100, 1.0)) == pytest.approx(1.0 + expected)
+
+
 def test_grade_rejects_a_gold_that_is_not_a_number():
     with pytest.raises(ValueError, match="not a number"):
         grade("#### 7", "seven")
 
 
 def test_build_messages_appends_the_instruction():
-    assert gsm8k.build_messages("What is 3 + 4?") == [
-        {"role": "user", "content": "What is 3 + 4?\n" + gsm8k.INSTRUCTION}
-    ]
+    assert build_messages("What is 3 + 4?") == [{"role": "user", "content": "What is 3 + 4?\n" + INSTRUCTION}]
 
 
 class _ListTokenizer:
@@ -136,7 +143,7 @@ class _Tensor:
 def test_render_prompt_accepts_every_hugging_face_return_shape(result):
     tok = _ListTokenizer(result)
     assert render_prompt(tok, "Q?") == [5, 6, 7]
-    assert tok.calls == [(gsm8k.build_messages("Q?"), True, True)]
+    assert tok.calls == [(build_messages("Q?"), True, True)]
 
 
 def test_render_prompt_refuses_text_instead_of_ids():

@@ -1,7 +1,6 @@
 """The IAM documents parse, name real actions, stay least-privilege, and cover what the code calls."""
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import json
 import re
@@ -131,7 +130,7 @@ def test_role_covers_the_training_session_api():
 def test_role_covers_the_sagemaker_calls_in_steps():
     """Any SageMaker operation steps/ calls by name (e.g. approve's update_model_package) is allowed."""
     by_snake = {xform_name(op): op for op in SAGEMAKER_OPERATIONS}
-    source = "\n".join(p.read_text() for p in (ROOT / "steps").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "steps").rglob("*.py"))
     # Operation names with an underscore: `.search(` is re.search, not SageMaker's Search.
     called = {by_snake[m] for m in re.findall(r"\.([a-z][a-z0-9]*_[a-z0-9_]+)\(", source) if m in by_snake}
     assert "UpdateModelPackage" in called  # steps.approve
@@ -168,7 +167,7 @@ def test_deployer_covers_what_deploy_and_start_send():
         deploy_cmd.check_role(session, cfg.role_arn)
         deploy_cmd.check_image(session, image)
         sm = session.client("sagemaker")
-        tagged = dataclasses.replace(cfg, tags=(("project", "dapo"),))
+        tagged = cfg.model_copy(update={"tags": {"project": "dapo"}})
         definition = json.dumps(local_build()["definition"])
         deploy_cmd.upsert(sm, tagged, definition)  # create
         deploy_cmd.upsert(sm, tagged, definition)  # update + tags

@@ -15,12 +15,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from pipeline.config import PARAMETER_KEYS, find_placeholders, load, pipeline_config_from_dict
+from pipeline.config import find_placeholders, load
 from pipeline.definition import OfflineViolation, main, offline_boto_session
 from pipeline.pipeline import make_session
 from sagemaker.core.common_utils import resolve_value_from_config
 from sagemaker.core.config.config_schema import TELEMETRY_OPT_OUT_PATH
 from steps.config import ConfigError, apply_overrides, config_from_dict, load_yaml, to_dict
+from steps.config.parameters import HYPERPARAMETERS
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "config" / "local.yaml"
@@ -233,7 +234,7 @@ def test_hyperparameters_carry_the_whole_config(definition, built):
                 "clip_low_threshold", "clip_high_threshold", "eval_size", "base_model",
                 "role_arn", "model_package_group_arn", "s3_output_path", "region", "tokenizer"):
         assert key in hps, key
-    for name, key in PARAMETER_KEYS.items():
+    for name, key in HYPERPARAMETERS.items():
         assert gets(hps[key]) == {f"Parameters.{name}"}, key
     # What steps.train does with them: resolve each parameter to its default as a
     # string (SageMaker's job) and apply the flat map onto an empty config.
@@ -370,8 +371,12 @@ def test_shipped_configs_load(path):
 
 
 def test_placeholders_are_found_in_the_example_only():
-    assert find_placeholders(*load(EXAMPLE)) and "pipeline.image_uri" in find_placeholders(*load(EXAMPLE))
-    assert find_placeholders(*load(LOCAL)) == []
+    assert "pipeline.image_uri" in find_placeholders(load(EXAMPLE)[1])
+    assert find_placeholders(load(LOCAL)[1]) == []
+
+
+def pipeline_config_from_dict(values, source):
+    return config_from_dict({"pipeline": values}, source=source).pipeline
 
 
 @pytest.mark.parametrize(
@@ -393,16 +398,19 @@ def test_bad_pipeline_settings_name_the_key(change, message):
     assert str(err.value).startswith("my.yaml: ") and message in str(err.value)
 
 
-def test_missing_required_setting_and_section():
+def test_missing_required_setting_and_section(tmp_path):
     with pytest.raises(ConfigError, match="'pipeline.image_uri' is required"):
         pipeline_config_from_dict({k: v for k, v in REQUIRED.items() if k != "image_uri"}, source="my.yaml")
+    no_pipeline = tmp_path / "no-pipeline.yaml"
+    no_pipeline.write_text("dapo: {batch_size: 4}\n")
     with pytest.raises(ConfigError, match="a 'pipeline:' section is required"):
-        pipeline_config_from_dict(None, source="my.yaml")
+        load(no_pipeline)
 
 
 def test_defaults_and_derived_values():
     cfg = pipeline_config_from_dict({**REQUIRED, "tags": {"team": "ml", "cost": 7}}, source="x")
-    assert cfg.default_bucket == "b" and cfg.tags == (("team", "ml"), ("cost", "7"))
+    assert cfg.default_bucket == "b" and cfg.tags == {"team": "ml", "cost": "7"}
+    assert (cfg.train_s3_uri, cfg.eval_s3_uri) == ("s3://b/train/", "s3://b/eval/")  # prefixes, not key stems
     assert cfg.processing_instance_type == "ml.m5.large" and cfg.training_instance_type == "ml.m5.xlarge"
 
 

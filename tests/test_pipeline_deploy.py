@@ -192,7 +192,7 @@ def test_start_passes_parameter_overrides(pipeline_in_moto):
         ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
         ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
         ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),
-        ({"AccuracyThreshold": "2"}, "AccuracyThreshold=2: must be in [0, 1]"),
+        ({"AccuracyThreshold": "2"}, "AccuracyThreshold=2: 'pipeline.accuracy_threshold' must be in [0, 1]"),
     ],
 )
 def test_start_refuses_bad_overrides_before_starting(pipeline_in_moto, aws, params, message):
@@ -227,7 +227,7 @@ def test_start_cli_parses_params_and_prints_the_execution(pipeline_in_moto, caps
 
 def test_start_cli_rejects_a_malformed_param(capsys):
     assert start_cmd.main(["--config", str(LOCAL), "--param", "BatchSize"]) == 2
-    assert "expected Name=Value" in capsys.readouterr().err
+    assert "--param 'BatchSize': expected NAME=VALUE, e.g. --param BatchSize=64" in capsys.readouterr().err
 
 
 # -- --wait ------------------------------------------------------------------------------

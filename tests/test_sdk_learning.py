@@ -5,7 +5,9 @@ import numpy as np
 
 from local.toy_data import generate_rows
 from local.training_session.tokenizer import ToyTokenizer
-from steps.gsm8k import gold_answer, grade, render_prompt
+from steps.gsm8k.answer import gold_answer
+from steps.gsm8k.prompt import render_prompt
+from steps.gsm8k.reward import grade
 from tests.local_service import BASE_MODEL_ARN
 
 

@@ -11,18 +11,19 @@ import pytest
 
 from local.toy_data import write_split
 from local.training_session.faults import Faults
-from steps import checkpoint as ckpt_io
-from steps import metrics as metrics_io
 from steps import train
 from steps.config import load_config
-from steps.data import Example, load_examples
-from steps.data_order import DataPosition, take
-from steps.evaluation import evaluate_greedy
-from steps.gsm8k import Grade
-from steps.loop import Trainer, train_samples
-from steps.rollouts import Group, Rollout
-from steps.session import lora_kwargs
-from steps.tokenization import load_tokenizer
+from steps.dapo import metrics as metrics_io
+from steps.dapo import state as ckpt_io
+from steps.dapo.batch import build_datums
+from steps.dapo.heldout import evaluate_greedy
+from steps.dapo.loop import Trainer
+from steps.dapo.sampling import GroupSampler
+from steps.dapo.state import DataPosition, LoopState, take
+from steps.gsm8k.data import Example, load_examples
+from steps.gsm8k.reward import Grade, RewardShaping
+from steps.platform.session import lora_kwargs
+from steps.platform.tokenizer import load_tokenizer
 from tests.local_service import BASE_MODEL_ARN, ENDPOINT_ENV_VARS, client_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,15 +104,16 @@ def run_trainer(tmp_path, examples, cfg, grader, start=None):
     from sagemaker.train.training_session import ServiceClient
 
     svc = ServiceClient(**client_kwargs())
-    tc = svc.create_lora_training_client(**lora_kwargs(cfg.session))
+    training_client = svc.create_lora_training_client(**lora_kwargs(cfg.session))
     lines: list[str] = []
     try:
-        trainer = Trainer(tc=tc, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"), train=examples, eval=examples[:4],
-                          metrics=metrics_io.MetricsLog(tmp_path / "metrics.jsonl"), checkpoint_dir=tmp_path / "ckpt",
-                          grader=grader, print_fn=lines.append)
-        outcome = trainer.run(start or train.fresh_start(cfg.dapo.seed))
+        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"),
+                          train_examples=examples, eval_examples=examples[:4],
+                          metrics=metrics_io.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append),
+                          checkpoint_dir=tmp_path / "ckpt", grader=grader)
+        outcome = trainer.run(start or LoopState(seed=cfg.dapo.seed))
     finally:
-        tc.stop()
+        training_client.stop()
     return outcome, lines
 
 
@@ -121,7 +123,7 @@ def test_dynamic_sampling_keeps_batch_size_groups_and_carries_the_surplus(tmp_pa
     examples = load_examples(toy_data[0])[:40]
     mixed = {e.question for i, e in enumerate(examples) if i % 3 == 0}
     outcome, lines = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
-    assert outcome.steps_completed == 5 and not outcome.stopped_early
+    assert outcome.state.step == 5 and not outcome.state.stopped_early
 
     # Replay the seeded data order to know exactly which prompts each generation batch drew.
     pos, carry, expected = DataPosition(), 0, []
@@ -161,22 +163,10 @@ def test_cap_stops_cleanly_with_a_checkpoint(tmp_path, toy_data, local_service, 
     assert not running_sessions(local_service)
 
 
-def test_overlong_samples_are_masked():
-    cfg = load_config(LOCAL_CONFIG)
-    group = Group(0, (1, 2), (Rollout((3, 4), (-1.0, -1.0), "length", 0.0, False, False),
-                              Rollout((5, 6), (-1.0, -1.0), "stop", 1.0, True, True)))
-    masked, kept = train_samples([group], cfg.dapo)
-    assert masked.weight == 0.0 and kept.weight == 1.0
-    unfiltered = load_config(LOCAL_CONFIG, {"overlong_filtering": "false"})
-    assert all(s.weight == 1.0 for s in train_samples([group], unfiltered.dapo))
-
-
 # -- concurrency -------------------------------------------------------------------------------
 def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service):
     """Every prompt of a generation batch is submitted before any result is awaited."""
     from sagemaker.train.training_session import SamplingParams, ServiceClient
-
-    from steps.rollouts import GroupSampler, RewardShaping
 
     examples = load_examples(toy_data[0])[:8]
     latency = 0.5
@@ -185,7 +175,7 @@ def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service)
         local_service.set_faults(Faults(latency_ms=int(latency * 1000)))
         sampler = GroupSampler(load_tokenizer("toy"), examples, 4, SamplingParams(max_tokens=512),
                                RewardShaping(512))
-        groups = sampler.collect(client, range(8), sampler.submit(client, range(8), seed=1), seed=1)
+        groups = sampler.launch(client, range(8), seed=1).result()
         local_service.set_faults(Faults())
         submitted = [op.submitted for op in session.operations() if not op.training]
     assert all(g is not None for g in groups) and len(submitted) == 8
@@ -205,6 +195,28 @@ def start_training(tmp_path, data, service, *sets):
     return subprocess.Popen([sys.executable, "-m", "steps.train", *argv(tmp_path, data, *sets)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=subprocess_env(service), cwd=str(ROOT))
+
+
+def test_an_unexpected_error_mid_training_is_a_failure_with_a_resume_hint(tmp_path, toy_data, local_service,
+                                                                         monkeypatch, capsys):
+    """Not "refused input" (exit 2): a ValueError after a checkpoint is a failure, and running again resumes."""
+    from steps.dapo import loop
+
+    calls = []
+
+    def datums_then_a_bug(samples, aggregation):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("a bug in step 3")
+        return build_datums(samples, aggregation)
+
+    monkeypatch.setattr(loop, "build_datums", datums_then_a_bug)
+    before = {s["name"] for s in local_service.sessions()}
+    assert train.main(argv(tmp_path, toy_data, "batch_size=4", "save_every=2", "max_steps=5")) == 1
+    err = capsys.readouterr().err
+    assert "error: ValueError: a bug in step 3; the training session was stopped and running the step again " \
+           "resumes from the checkpoint of step 2" in err
+    assert [s["status"] for s in local_service.sessions() if s["name"] not in before] == ["Stopped"]
 
 
 def test_too_small_dataset_never_creates_a_session(tmp_path, toy_data, local_service, capsys):

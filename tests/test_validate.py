@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from steps import data, validate
-from steps.data import DataError, Example, iter_lines, jsonl_files, load_examples
-from steps.validate import DigestSet, main
+from steps.gsm8k import data, rules
+from steps.gsm8k.data import DataError, Example, iter_lines, jsonl_files, load_examples
+from steps.gsm8k.rules import DigestSet
+from steps import validate
+from steps.validate import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,8 +79,8 @@ BAD_ROWS = [
     ("hashes-no-number", row("Q?", "3 + 4 = 7\n####"), data.NO_FINAL_ANSWER),
     ("word-number", row("Q?", "#### seven"), data.NO_FINAL_ANSWER),
     ("empty-answer", row("Q?", ""), data.NO_FINAL_ANSWER),
-    ("duplicate", GOOD[1], validate.DUPLICATE_QUESTION),
-    ("duplicate-case-space", row("  ANN has 1 apples and buys 4 more.  How many apples does Ann have?"), validate.DUPLICATE_QUESTION),
+    ("duplicate", GOOD[1], rules.DUPLICATE_QUESTION),
+    ("duplicate-case-space", row("  ANN has 1 apples and buys 4 more.  How many apples does Ann have?"), rules.DUPLICATE_QUESTION),
     ("line-too-long", LONG, data.LINE_TOO_LONG),
 ]
 
@@ -156,7 +158,7 @@ def test_directory_input_reads_every_jsonl_file_in_order(tmp_path, eval_file):
     split = report["splits"]["train"]
     assert [i["file"] for i in split["inputs"]] == [str(a), str(b)]
     assert split["first_rejected"][0] == {
-        "file": str(b), "line": 2, "reason": validate.DUPLICATE_QUESTION, "detail": "an earlier row asks it, ignoring case and spacing"
+        "file": str(b), "line": 2, "reason": rules.DUPLICATE_QUESTION, "detail": "an earlier row asks it, ignoring case and spacing"
     }
     assert read_jsonl(tmp_path / "out" / "train.jsonl") == [*good_rows(2), row("Bo has 1 pen. How many pens?", "#### 1")]
 
@@ -214,7 +216,8 @@ def test_a_crash_exits_1_with_a_short_message_and_no_partial_output(tmp_path, ev
     monkeypatch.setattr(validate, "refusal_problems", explode)
     rc, report = run(write_jsonl(tmp_path / "train.jsonl", GOOD), eval_file, tmp_path / "out")
     assert rc == 1
-    assert capsys.readouterr().err.strip() == "error: validation crashed: RuntimeError: disk on fire"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: RuntimeError: disk on fire; running the step again starts it over"
     assert os.listdir(tmp_path / "out") == []
 
 

@@ -1,7 +1,7 @@
 import botocore.session
 import pytest
 
-from steps.versions import FIX, find_sdk_problems, require_training_session_sdk
+from steps.platform.versions import FIX, find_sdk_problems, require_training_session_sdk
 
 
 def test_installed_sdk_passes():

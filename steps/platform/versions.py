@@ -74,4 +74,4 @@ def require_training_session_sdk(problems: list[SdkProblem] | None = None) -> No
         + "\n".join(lines)
         + f"\n  installed: {describe_installed()}\n  fix: {FIX}\n"
     )
-    raise SystemExit(3)
+    raise SystemExit(2)

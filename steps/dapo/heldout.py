@@ -1,4 +1,4 @@
-"""Greedy evaluation on held-out questions, shared by in-training eval and EvaluateModel."""
+"""Greedy accuracy on held-out questions: in-training evaluation and the EvaluateModel step share it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,8 +6,9 @@ from typing import Any, Sequence
 
 from sagemaker.train.training_session import SamplingParams
 
-from steps.data import Example
-from steps.rollouts import GroupSampler, RewardShaping
+from steps.dapo.sampling import GroupSampler
+from steps.gsm8k.data import Example
+from steps.gsm8k.reward import RewardShaping
 
 
 @dataclass(frozen=True)
@@ -30,25 +31,24 @@ class EvalResult:
     predictions: tuple[Prediction, ...]
 
 
-def evaluate_greedy(client: Any, tokenizer: Any, examples: Sequence[Example], max_tokens: int, retries: int = 2) -> EvalResult:
-    """Temperature-0 answers to every example, all requests in flight at once."""
-    from steps import gsm8k
-
+def evaluate_greedy(client: Any, tokenizer: Any, examples: Sequence[Example], max_tokens: int,
+                    retries: int = 2) -> EvalResult:
+    """Temperature-0 answers to every example, all requests in flight at once, each graded once."""
     sampler = GroupSampler(
         tokenizer=tokenizer, examples=examples, group_size=1,
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         shaping=RewardShaping(max_tokens=max_tokens), retries=retries,
     )
-    indices = list(range(len(examples)))
-    groups = sampler.collect(client, indices, sampler.submit(client, indices, seed=None), seed=None)
+    groups = sampler.launch(client, range(len(examples)), seed=None).result()
     predictions = []
     for ex, group in zip(examples, groups):
         if group is None:
             predictions.append(Prediction(ex.question, ex.gold, None, False, False, "", True))
             continue
-        text = tokenizer.decode(list(group.rollouts[0].tokens), skip_special_tokens=True)
-        g = gsm8k.grade(text, ex.gold)
-        predictions.append(Prediction(ex.question, ex.gold, g.extracted, g.correct, g.formatted, text, False))
+        answer = group.rollouts[0]
+        text = tokenizer.decode(list(answer.tokens), skip_special_tokens=True)
+        predictions.append(Prediction(ex.question, ex.gold, answer.grade.extracted, answer.grade.correct,
+                                      answer.grade.formatted, text, False))
     n = len(predictions)
     return EvalResult(
         accuracy=sum(p.correct for p in predictions) / n if n else 0.0,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from steps.gsm8k import gold_answer
+from steps.cli import Refused
+from steps.gsm8k.answer import gold_answer
 
 # A GSM8K row is a few KB; anything near this is not a training example.
 MAX_LINE_BYTES = 1 << 20
@@ -32,7 +33,7 @@ EMPTY_QUESTION = "empty question"
 NO_FINAL_ANSWER = "no '#### <number>' final answer"
 
 
-class DataError(ValueError):
+class DataError(Refused, ValueError):
     """An input path that cannot be read as JSONL; the message names it and the fix."""
 
 
@@ -162,5 +163,5 @@ def load_examples(path: str | Path) -> list[Example]:
                 raise RowError(line.error, line.detail)
             examples.append(parse_example(line.row))
         except RowError as exc:
-            raise ValueError(f"{line.file}:{line.line_no}: {exc}; run steps.validate on this data first") from None
+            raise DataError(f"{line.file}:{line.line_no}: {exc}; run steps.validate on this data first") from None
     return examples

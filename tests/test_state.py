@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from steps import checkpoint as ckpt_io
-from steps.data_order import DataPosition, take
-from steps.rollouts import Group, Rollout
+from steps.dapo import state as ckpt_io
+from steps.dapo.sampling import Group, Rollout
+from steps.dapo.state import DataPosition, LoopState, resume_or_start, take
+from steps.gsm8k.reward import Grade
 
 
 def test_take_is_a_permutation_per_epoch_and_resumable():
@@ -20,11 +21,11 @@ def test_take_is_a_permutation_per_epoch_and_resumable():
 
 
 def _ckpt(step=3):
-    group = Group(5, (1, 2), (Rollout((3, 4), (-0.5, -0.25), "stop", 1.0, True, True),
-                              Rollout((9,), (-2.0,), "length", 0.0, False, False)))
-    return ckpt_io.Checkpoint(step=step, state_model_package_arn="arn:state", sampler_model_package_arn="arn:w",
-                              position=DataPosition(1, 7), gen_batches_drawn=11, seed=0, carry=(group,),
-                              keep_kept=5, keep_sampled=9)
+    group = Group(5, (1, 2), (Rollout((3, 4), (-0.5, -0.25), "stop", 1.0, Grade(True, True, "4")),
+                              Rollout((9,), (-2.0,), "length", 0.0, Grade(False, False, None))))
+    return LoopState(seed=0, step=step, position=DataPosition(1, 7), gen_batches_drawn=11, carry=(group,),
+                     kept_groups=5, sampled_groups=9, state_model_package_arn="arn:state",
+                     sampler_model_package_arn="arn:w")
 
 
 def test_checkpoint_round_trips(tmp_path):
@@ -47,3 +48,12 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, content):
         ckpt_io.read(tmp_path)
     msg = str(exc.value)
     assert "checkpoint.json" in msg and "Delete" in msg
+
+
+def test_a_resume_with_another_seed_is_refused(tmp_path):
+    ckpt_io.write(tmp_path, _ckpt())
+    assert resume_or_start(tmp_path, seed=0) == _ckpt()
+    with pytest.raises(ckpt_io.CheckpointError, match="seed 0, this run has seed 5") as exc:
+        resume_or_start(tmp_path, seed=5)
+    assert "dapo.seed=0" in str(exc.value)
+    assert resume_or_start(tmp_path / "none", seed=5) == LoopState(seed=5)

@@ -1,4 +1,4 @@
-"""Building the SDK's ServiceClient from the session config.
+"""The SDK's ServiceClient, built from the session config.
 
 Passing the model package group and the S3 output path keeps the SDK from
 calling STS/S3 to invent defaults; a Hub ARN as base model keeps it from
@@ -9,20 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from steps.cli import Refused
 from steps.config import SessionConfig
-
-
-class SessionConfigError(ValueError):
-    pass
 
 
 def service_client(cfg: SessionConfig) -> Any:
     from sagemaker.train.training_session import ServiceClient
 
-    if not cfg.role_arn:
-        raise SessionConfigError(
-            "session.role_arn is not set: the training session needs an IAM role ARN "
-            "(see config/iam/README.md), e.g. --set role_arn=arn:aws:iam::<account>:role/<name>"
+    missing = [key for key in ("base_model", "role_arn") if not getattr(cfg, key)]
+    if missing:
+        raise Refused(
+            f"session.{missing[0]} is not set: a training session needs its base model (a SageMaker Public Hub "
+            "model ARN) and an IAM role ARN (see config/iam/README.md); set them in the config or pass "
+            f"--set {missing[0]}=..."
         )
     return ServiceClient(
         region=cfg.region,

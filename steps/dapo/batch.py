@@ -1,20 +1,24 @@
-"""Training datums in the tinker-cookbook layout.
+"""From kept groups to training datums: pure functions, like tinker-cookbook's ``rl/data_processing.py``.
 
-For a sequence ``prompt + completion`` the model sees every token but the last
-(``model_input``) and is scored on the sequence shifted by one
-(``target_tokens``). Positions that predict a prompt token carry weight 0,
-advantage 0 and logprob 0; positions that predict a completion token carry the
-sample's weight, its (scaled) advantage and the logprob the sampler reported.
+1. Group advantages: each sample's reward relative to its group.
+2. Overlong masking: a completion cut off at ``max_tokens`` was cut, not wrong, so it teaches nothing.
+3. Datums in the tinker-cookbook layout. For ``prompt + completion`` the model sees every token but
+   the last (``model_input``) and is scored on the sequence shifted by one (``target_tokens``).
+   Positions predicting a prompt token carry weight 0, advantage 0 and logprob 0; positions predicting a
+   completion token carry the sample's weight, its (scaled) advantage and the sampler's logprob.
 
-Datums are built as the wire dicts that ``forward_backward`` accepts as-is (the
-SDK's "raw datum dicts"; it still checks lengths and required keys before
-sending). Typed ``Datum``/``TensorData`` objects would be turned straight back
-into these dicts and cost four times the CPU (`make bench`, client overhead).
+Datums are built as the wire dicts ``forward_backward`` accepts as-is (the SDK's "raw datum dicts"; it
+still checks lengths and required keys). Typed ``Datum``/``TensorData`` objects would be turned straight
+back into these dicts and cost four times the CPU (``make bench``, client overhead).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import numpy as np
+
+from steps.dapo.sampling import Group
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,31 @@ class TrainSample:
     sampling_logprobs: tuple[float, ...]
     advantage: float
     weight: float = 1.0  # 0 masks the sample (overlong filtering)
+
+
+def group_advantages(rewards: Sequence[float], std_scaling: bool = False) -> list[float]:
+    """Advantage of each sample relative to its group: ``r - mean(r)``.
+
+    With ``std_scaling`` the difference is divided by the group's standard
+    deviation (GRPO's original form). Off by default: Dr. GRPO showed the
+    division over-weights near-uniform groups, and dynamic sampling already
+    drops the zero-variance ones.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    adv = r - r.mean()
+    if std_scaling:
+        std = r.std()
+        adv = adv / std if std > 0 else np.zeros_like(adv)
+    return adv.tolist()
+
+
+def train_samples(groups: Sequence[Group], std_scaling: bool, overlong_filtering: bool) -> list[TrainSample]:
+    out = []
+    for g in groups:
+        for r, adv in zip(g.rollouts, group_advantages(g.rewards, std_scaling)):
+            weight = 0.0 if (overlong_filtering and r.stop_reason == "length") else 1.0
+            out.append(TrainSample(g.prompt, r.tokens, r.logprobs, adv, weight))
+    return out
 
 
 def token_scales(samples: Sequence[TrainSample], aggregation: str) -> list[float]:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from steps.cli import Refused
+
 TOY = "toy"
 
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str | None) -> Any:
+    if not name:
+        raise Refused("session.tokenizer is not set: name the base model's Hugging Face tokenizer id")
     if name == TOY:
         from local.training_session.tokenizer import ToyTokenizer
 
@@ -20,8 +24,8 @@ def load_tokenizer(name: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise SystemExit(
-            f"error: session.tokenizer is {name!r}, which needs the 'transformers' package "
+        raise Refused(
+            f"session.tokenizer is {name!r}, which needs the 'transformers' package "
             "(installed in the step image). Install it with: pip install 'dapo-sagemaker-pipeline[image]', "
             "or set session.tokenizer: toy for the local service."
         ) from None

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from steps.advantages import group_advantages, is_informative, overlong_penalty
-from steps.datums import TrainSample, build_datum, build_datums, token_scales
+from steps.dapo.batch import TrainSample, build_datum, build_datums, group_advantages, token_scales, train_samples
+from steps.dapo.sampling import Group, Rollout
+from steps.gsm8k.reward import Grade
 
 
 def test_group_advantages_centre_on_the_group_mean():
@@ -12,15 +13,13 @@ def test_group_advantages_centre_on_the_group_mean():
     assert group_advantages([1, 1, 1], std_scaling=True) == [0.0, 0.0, 0.0]
 
 
-def test_informative_groups_have_mixed_rewards():
-    assert is_informative([0, 1, 0])
-    assert not is_informative([1, 1, 1]) and not is_informative([0.0, 0.0])
-
-
-@pytest.mark.parametrize("length,expected", [(100, 0.0), (412, 0.0), (462, -0.5), (512, -1.0), (600, -1.0)])
-def test_overlong_penalty_is_dapo_soft_punishment(length, expected):
-    assert overlong_penalty(length, max_tokens=512, buffer=100, penalty=1.0) == pytest.approx(expected)
-    assert overlong_penalty(length, max_tokens=512, buffer=0, penalty=1.0) == 0.0
+def test_overlong_samples_are_masked():
+    group = Group(0, (1, 2), (Rollout((3, 4), (-1.0, -1.0), "length", 0.0, Grade(False, False, None)),
+                              Rollout((5, 6), (-1.0, -1.0), "stop", 1.0, Grade(True, True, "7"))))
+    masked, kept = train_samples([group], std_scaling=False, overlong_filtering=True)
+    assert masked.weight == 0.0 and kept.weight == 1.0
+    assert (masked.advantage, kept.advantage) == (-0.5, 0.5)
+    assert all(s.weight == 1.0 for s in train_samples([group], std_scaling=False, overlong_filtering=False))
 
 
 def test_datum_layout_shifts_by_one_and_masks_the_prompt():

@@ -1,0 +1,147 @@
+"""The three sections of a config file as pydantic models: ``session``, ``dapo``, ``pipeline``.
+
+Bounds follow what the API accepts (botocore's models), so an out-of-range value
+fails here, before anything is billed, not at the first training operation.
+A field's ``rule`` (in ``json_schema_extra``) is the message shown when its
+value is refused; without one, the message is derived from its bounds.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LossFn = Literal["ppo", "importance_sampling", "cispo"]
+LossAggregation = Literal["token", "sequence"]
+# The sampling API's botocore model rejects maxTokens below this.
+MIN_MAX_TOKENS = 512
+INT32_MAX = 2**31 - 1
+# SageMaker's own limits, so a bad value fails here and not at CreatePipeline.
+MAX_TRAINING_RUNTIME = 28 * 24 * 3600
+MAX_PROCESSING_RUNTIME = 7 * 24 * 3600
+
+
+def _rule(text: str) -> dict[str, str]:
+    return {"rule": text}
+
+
+class Section(BaseModel):
+    """Frozen, and unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SessionConfig(Section):
+    """Which model to train and where the training session keeps its artifacts."""
+
+    # A SageMaker Public Hub model ARN. No default: a real run must name its model
+    # (config/local.yaml names the local service's toy model).
+    base_model: str | None = None
+    # A Hugging Face id or a local directory loaded with transformers.AutoTokenizer;
+    # "toy" is the local service's tokenizer.
+    tokenizer: str | None = None
+    lora_rank: int = Field(32, ge=1)
+    lora_alpha: int = Field(64, ge=1)
+    region: str | None = None
+    role_arn: str | None = None
+    model_package_group_arn: str | None = None
+    s3_output_path: str | None = None
+
+
+class DapoConfig(Section):
+    """DAPO hyperparameters; config/default.yaml documents each one."""
+
+    learning_rate: float = Field(1e-5, gt=0, le=0.01, json_schema_extra={"why": "the training-session API's range"})
+    adam_beta1: float = Field(0.9, ge=0, le=0.999999)
+    adam_beta2: float = Field(0.95, ge=0, le=0.999999)
+    adam_eps: float = Field(1e-8, ge=1e-16, le=0.01)
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    grad_clip_norm: float | None = Field(None, gt=0, le=100)
+    batch_size: int = Field(32, ge=1)
+    group_size: int = Field(8, ge=2, json_schema_extra={"why": "a group of one has no advantage"})
+    max_steps: int | None = Field(100, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    max_tokens: int = Field(1024, ge=MIN_MAX_TOKENS, json_schema_extra={"why": "the sampling API's minimum"})
+    temperature: float = Field(1.0, ge=0, le=2)
+    loss_fn: LossFn = "ppo"
+    clip_low_threshold: float = Field(0.8, gt=0, le=1, json_schema_extra={"why": "a ratio bound, not an epsilon"})
+    clip_high_threshold: float = Field(1.28, ge=1, le=10, json_schema_extra={"why": "a ratio bound, not an epsilon"})
+    max_num_gen_batches: int = Field(10, ge=1)
+    max_inflight_gen_batches: int = Field(2, ge=1)
+    overlong_filtering: bool = True
+    overlong_buffer: int = Field(0, ge=0)
+    overlong_penalty: float = Field(1.0, ge=0)
+    advantage_std_scaling: bool = False
+    loss_aggregation: LossAggregation = "token"
+    sample_retries: int = Field(2, ge=0)
+    save_every: int = Field(10, ge=1)
+    eval_every: int = Field(0, ge=0, json_schema_extra={"why": "0 = only at the end"})
+    eval_size: int = Field(200, ge=1)
+    # Seeds the data order and, hashed, every sampling request (the API's seed is a 32-bit Integer).
+    seed: int = Field(0, ge=0, le=INT32_MAX)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DapoConfig":
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError("set 'dapo.max_steps' or 'dapo.epochs' (both are null)")
+        if self.overlong_buffer >= self.max_tokens:
+            raise ValueError(f"'dapo.overlong_buffer' ({self.overlong_buffer}) must be smaller than "
+                             f"'dapo.max_tokens' ({self.max_tokens})")
+        return self
+
+
+_S3_URI = r"^s3://[^/\s]+(/\S*)?$"
+_S3_RULE = _rule("must be an s3://bucket/prefix URI")
+_INSTANCE_RULE = _rule("must be a SageMaker instance type such as ml.m5.large")
+
+
+class PipelineConfig(Section):
+    """Deployment settings, read by pipeline/ only; config/default.yaml documents each one."""
+
+    role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::[^:\s]+:role/\S+$",
+                          json_schema_extra=_rule("must be an IAM role ARN (arn:aws:iam::<account>:role/<name>)"))
+    image_uri: str = Field(pattern=r"\S", json_schema_extra=_rule("must name the step image (see 'make push-image')"))
+    train_s3_uri: str = Field(pattern=_S3_URI, json_schema_extra=_S3_RULE)
+    eval_s3_uri: str = Field(pattern=_S3_URI, json_schema_extra=_S3_RULE)
+    output_s3_uri: str = Field(pattern=_S3_URI, json_schema_extra=_S3_RULE)
+    name: str = Field("dapo-gsm8k", pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$",
+                      json_schema_extra=_rule("must be letters, digits and single hyphens, at most 256 characters"))
+    description: str = "DAPO RL fine-tuning on GSM8K with SageMaker training sessions"
+    processing_instance_type: str = Field("ml.m5.large", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
+    training_instance_type: str = Field("ml.m5.xlarge", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
+    accuracy_threshold: float = Field(0.5, ge=0, le=1)
+    max_runtime_seconds: int = Field(86400, ge=1, le=MAX_TRAINING_RUNTIME, json_schema_extra={"why": "SageMaker's limit"})
+    processing_max_runtime_seconds: int = Field(7200, ge=1, le=MAX_PROCESSING_RUNTIME,
+                                                json_schema_extra={"why": "SageMaker's limit"})
+    tags: dict[str, str] = Field(default_factory=dict,
+                                 json_schema_extra=_rule("must be a mapping of tag key to value"))
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tag_values_are_text(cls, tags: Any) -> Any:
+        # YAML reads `cost: 7` as a number; a tag value is text. Nested values are refused.
+        if isinstance(tags, dict) and all(isinstance(v, (str, int, float)) for v in tags.values()):
+            return {k: str(v) for k, v in tags.items()}
+        return tags
+
+    @field_validator("train_s3_uri", "eval_s3_uri")
+    @classmethod
+    def _prefix_ends_with_slash(cls, uri: str) -> str:
+        # An S3Prefix input of s3://b/data/train would also pull in s3://b/data/train-old/...
+        return uri if uri.endswith("/") or uri.endswith(".jsonl") else uri + "/"
+
+    @property
+    def default_bucket(self) -> str:
+        """The bucket of ``output_s3_uri``; handed to the SDK so it never looks one up."""
+        return self.output_s3_uri[len("s3://"):].split("/", 1)[0]
+
+    @property
+    def output_prefix(self) -> str:
+        return self.output_s3_uri.rstrip("/")
+
+
+SECTIONS: dict[str, type[Section]] = {"session": SessionConfig, "dapo": DapoConfig, "pipeline": PipelineConfig}
+
+
+def type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

@@ -1,0 +1,72 @@
+"""The pipeline parameters: one table for the definition's Parameters, their routing to config keys,
+the checks of ``make start-pipeline`` and the README's table.
+
+Each parameter's default is the value of one config key; for ``session`` and ``dapo`` keys the
+execution's value also overrides that key in the training job's hyperparameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from steps.config.load import RunConfig
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    key: str  # "section.field" whose value is the default
+    kind: Literal["String", "Integer", "Float"]
+    meaning: str
+
+    @property
+    def section(self) -> str:
+        return self.key.split(".", 1)[0]
+
+    @property
+    def field(self) -> str:
+        return self.key.split(".", 1)[1]
+
+    def default(self, run: RunConfig) -> Any:
+        return getattr(getattr(run, self.section), self.field)
+
+
+PARAMETERS = (
+    Parameter("TrainDataS3Uri", "pipeline.train_s3_uri", "String", "GSM8K JSONL prefix of the train split"),
+    Parameter("EvalDataS3Uri", "pipeline.eval_s3_uri", "String", "GSM8K JSONL prefix of the held-out split"),
+    Parameter("BaseModel", "session.base_model", "String", "Hub model ARN to fine-tune"),
+    Parameter("BatchSize", "dapo.batch_size", "Integer", "informative groups per optimizer step"),
+    Parameter("GroupSize", "dapo.group_size", "Integer", "completions per prompt"),
+    Parameter("MaxSteps", "dapo.max_steps", "Integer", "optimizer steps"),
+    Parameter("LearningRate", "dapo.learning_rate", "Float", "Adam rate, in (0, 0.01] (the API's range)"),
+    Parameter("MaxNumGenBatches", "dapo.max_num_gen_batches", "Integer", "generation batches one step may draw"),
+    Parameter("ClipLowThreshold", "dapo.clip_low_threshold", "Float", "PPO ratio lower bound (DAPO: 0.8)"),
+    Parameter("ClipHighThreshold", "dapo.clip_high_threshold", "Float", "PPO ratio upper bound (DAPO: 1.28)"),
+    Parameter("EvalSize", "dapo.eval_size", "Integer", "held-out questions evaluated"),
+    Parameter("AccuracyThreshold", "pipeline.accuracy_threshold", "Float",
+              "approve only at or above this greedy accuracy"),
+    Parameter("ProcessingInstanceType", "pipeline.processing_instance_type", "String",
+              "instance of the processing steps"),
+    Parameter("TrainingInstanceType", "pipeline.training_instance_type", "String",
+              "instance of TrainDAPO's job (a small CPU one: the GPUs belong to the training session)"),
+    Parameter("ImageUri", "pipeline.image_uri", "String", "the step image"),
+)
+BY_NAME = {p.name: p for p in PARAMETERS}
+#: Parameters that override a training-job hyperparameter: name -> flat config key.
+HYPERPARAMETERS = {p.name: p.field for p in PARAMETERS if p.section in ("session", "dapo")}
+
+
+def overridden(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The raw config with each parameter's value put in place of its key's (values already typed)."""
+    out = {k: dict(v or {}) if isinstance(v, dict) else v for k, v in raw.items()}
+    for name, value in values.items():
+        p = BY_NAME[name]
+        out.setdefault(p.section, {})[p.field] = value
+    return out
+
+
+def markdown_table() -> str:
+    """The README's parameter table."""
+    rows = ["| parameter | type | default (config key) | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{p.name}` | {p.kind} | `{p.key}` | {p.meaning} |" for p in PARAMETERS]
+    return "\n".join(rows)

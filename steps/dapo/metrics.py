@@ -1,0 +1,120 @@
+"""One metrics record per step, built here, written everywhere it is read.
+
+The same figures go to the log lines (CloudWatch metric regexes of the
+pipeline match them; fields are only ever appended), to ``metrics.jsonl``
+(one JSON object per line, flushed per record, so a killed job keeps what it
+logged and a resumed one continues the file), and to any tracker.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from steps.dapo.batch import TrainSample
+from steps.dapo.sampling import Group, StepBatch
+
+# Fields of each log line, in order (SPEC section 4).
+SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
+TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds")
+EVAL_FIELDS = ("step", "accuracy")
+
+
+def sampling_figures(step: int, batch: StepBatch) -> dict[str, Any]:
+    sampled = len(batch.sampled)
+    return {
+        "step": step, "gen_batches": batch.gen_batches, "groups_sampled": sampled,
+        "filtered_frac": batch.filtered / sampled if sampled else 0.0,
+        "kept_groups": len(batch.kept), "empty_rollouts": batch.empty_rollouts,
+        "filtered_all_wrong_frac": batch.filtered_all_wrong / sampled if sampled else 0.0,
+        "carried_groups": len(batch.carry), "failed_groups": batch.failed_groups,
+        "speculative_batches": batch.speculative,
+    }
+
+
+def train_figures(batch: StepBatch, samples: Sequence[TrainSample], fb_metrics: dict[str, float] | None,
+                  seconds: float) -> dict[str, Any]:
+    # The rollouts sampled this step; a step whose batch came entirely from carried groups sampled none,
+    # so it reports the rollouts it trained on (sampled one step earlier) rather than zeros.
+    groups: Sequence[Group] = batch.sampled or batch.kept
+    rollouts = [r for g in groups for r in g.rollouts]
+    n = len(rollouts) or 1
+    return {
+        "reward_mean": sum(r.reward for r in rollouts) / n,
+        "accuracy": sum(r.grade.correct for r in rollouts) / n,
+        "loss": float((fb_metrics or {}).get("loss:sum", float("nan"))),
+        "tokens": sum(len(s.completion) for s in samples if s.weight > 0),
+        "seconds": seconds,
+    }
+
+
+def _format(value: Any, key: str) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}" if key == "loss" else f"{value:.2f}" if key == "seconds" else f"{value:.4f}"
+    return str(value)
+
+
+def line(prefix: str, record: dict[str, Any], fields: Sequence[str]) -> str:
+    return f"{prefix}: " + " ".join(f"{k}={_format(record[k], k)}" for k in fields)
+
+
+class Tracker(Protocol):
+    def log_metrics(self, record: dict[str, Any], step: int) -> None: ...
+
+
+@dataclass
+class MetricsLog:
+    """Where each record goes: stdout lines, ``metrics.jsonl``, trackers."""
+
+    path: Path
+    print_fn: Callable[[str], None] = print
+    trackers: list[Tracker] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def sampling(self, record: dict[str, Any]) -> None:
+        """Printed as soon as a step's sampling ends: progress while it trains."""
+        self.print_fn(line("sampling", record, SAMPLING_FIELDS))
+        if record["speculative_batches"]:
+            # Its own prefix: exactly one `sampling:` line per step keeps the metric regexes simple.
+            self.print_fn(f"speculation: step={record['step']} early_gen_batches={record['speculative_batches']} "
+                          "(the keep rate so far said one more generation batch would not fill the step, "
+                          "so more were started at once)")
+
+    def step(self, record: dict[str, Any]) -> None:
+        self.print_fn(line("train", record, TRAIN_FIELDS))
+        self._write("step", record)
+
+    def eval(self, record: dict[str, Any]) -> None:
+        self.print_fn(line("eval", record, EVAL_FIELDS))
+        self._write("eval", record)
+
+    def stopped(self, record: dict[str, Any]) -> None:
+        self._write("stopped", record)
+
+    def _write(self, kind: str, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": kind, **record}) + "\n")
+        for tracker in self.trackers:
+            tracker.log_metrics({f"{kind}/{k}": v for k, v in record.items() if k != "step"}, step=record["step"])
+
+
+def read(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def truncate_after(path: str | Path, step: int) -> None:
+    """Drop records of steps beyond ``step``: a resumed run redoes them from its checkpoint."""
+    p = Path(path)
+    if not p.exists():
+        return
+    keep = [r for r in read(p) if r.get("step", 0) <= step]
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+    tmp.replace(p)

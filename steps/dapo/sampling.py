@@ -1,0 +1,243 @@
+"""Generation batches of graded groups, and DAPO's dynamic sampling that fills one step.
+
+A generation batch is ``batch_size`` prompts x ``group_size`` samples. Every
+prompt of a batch is submitted before any result is awaited (the SDK returns
+futures), so a batch costs about one round trip, not one per prompt. A failed
+request is resubmitted a bounded number of times; a group that still fails is
+reported, never silently dropped. Only the service call is retried: an error in
+decoding or grading is a bug and surfaces as one.
+
+Dynamic sampling keeps a group only if its rewards are not all equal (an
+all-equal group has zero advantage everywhere and no gradient) and draws
+generation batches until ``batch_size`` groups are kept; kept groups beyond
+that are carried into the next step. When the keep rate seen so far says one
+more batch will not fill the step, further batches are started before the
+current one returns (at most ``max_inflight``): an over-shoot's surplus is
+carried, which is cheaper than an extra sequential round trip (``make bench``).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from botocore.exceptions import ClientError
+from sagemaker.train.training_session import SamplingParams
+
+from steps.gsm8k.data import Example
+from steps.gsm8k.prompt import render_prompt
+from steps.gsm8k.reward import Grade, RewardShaping, grade, reward
+
+log = logging.getLogger(__name__)
+
+#: Error codes meaning the session itself no longer serves (stopped, failed, gone):
+#: resubmitting cannot help, so the step fails at once rather than drawing
+#: generation batches of nothing until max_num_gen_batches and blaming the data.
+SESSION_GONE = frozenset({"ConflictException", "ResourceNotFoundException"})
+Grader = Callable[[str, Example], Grade]
+
+
+def grade_example(text: str, example: Example) -> Grade:
+    return grade(text, example.gold)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sampled completion, its grade and its reward."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    stop_reason: str  # "stop" | "length"
+    reward: float
+    grade: Grade
+
+
+@dataclass(frozen=True)
+class Group:
+    """``group_size`` completions of one prompt."""
+
+    example_index: int
+    prompt: tuple[int, ...]
+    rollouts: tuple[Rollout, ...]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in self.rollouts]
+
+    def is_informative(self) -> bool:
+        """Rewards not all equal: the group has a non-zero advantage somewhere."""
+        return len(set(self.rewards)) > 1
+
+    def all_wrong(self) -> bool:
+        return not any(r.grade.correct for r in self.rollouts)
+
+
+def derived_seed(*parts: int) -> int:
+    """A seed derived from others: (run seed, generation batch) -> batch seed, (batch seed, k) -> request seed.
+
+    SamplingParams.seed is a Smithy Integer (32-bit signed) on the real API, so
+    seeds are hashed into [0, 2**31 - 1] instead of multiplied out of range.
+    """
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def _session_gone(exc: Exception) -> bool:
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in SESSION_GONE
+
+
+@dataclass(frozen=True)
+class GenerationBatch:
+    """One generation batch in flight; :meth:`result` waits for it (None = a group whose requests failed)."""
+
+    sampler: "GroupSampler"
+    client: Any
+    indices: tuple[int, ...]
+    seed: int | None
+    futures: tuple[Any, ...]
+
+    def result(self) -> list[Group | None]:
+        return [self.sampler.resolve(self.client, i, fut, self.seed, k)
+                for k, (i, fut) in enumerate(zip(self.indices, self.futures))]
+
+
+@dataclass
+class GroupSampler:
+    """Turns prompts into graded groups through one SamplingClient."""
+
+    tokenizer: Any
+    examples: Sequence[Example]
+    group_size: int
+    params: SamplingParams
+    shaping: RewardShaping
+    retries: int = 2
+    grader: Grader = grade_example
+
+    def __post_init__(self) -> None:
+        self._prompts: dict[int, tuple[int, ...]] = {}
+
+    def prompt(self, index: int) -> tuple[int, ...]:
+        if index not in self._prompts:
+            self._prompts[index] = tuple(render_prompt(self.tokenizer, self.examples[index].question))
+        return self._prompts[index]
+
+    def launch(self, client: Any, indices: Sequence[int], seed: int | None) -> GenerationBatch:
+        """Submit one sample request per prompt; nothing is awaited."""
+        futures = tuple(self._submit(client, i, seed, k) for k, i in enumerate(indices))
+        return GenerationBatch(self, client, tuple(indices), seed, futures)
+
+    def _submit(self, client: Any, index: int, seed: int | None, k: int) -> Any:
+        params = self.params if seed is None else self.params.model_copy(update={"seed": derived_seed(seed, k)})
+        return client.sample(list(self.prompt(index)), num_samples=self.group_size, sampling_params=params)
+
+    def resolve(self, client: Any, index: int, fut: Any, seed: int | None, k: int) -> Group | None:
+        """Wait for one request, resubmitting a failed one up to ``retries`` times; grade what came back."""
+        for attempt in range(self.retries + 1):
+            try:
+                response = fut.result()
+            except Exception as exc:  # the SDK already retried throttling; this is a failed op
+                if _session_gone(exc):
+                    raise
+                if attempt == self.retries:
+                    log.warning("sampling failed for example %d after %d attempts: %s", index, attempt + 1, exc)
+                    return None
+                fut = self._submit(client, index, seed, k)
+                continue
+            return self._group(index, response)
+        return None
+
+    def _group(self, index: int, response: Any) -> Group:
+        example = self.examples[index]
+        rollouts = []
+        for seq in response.sequences:
+            tokens = tuple(int(t) for t in seq.tokens)
+            result = self.grader(self.tokenizer.decode(list(tokens), skip_special_tokens=True), example)
+            stop = seq.stop_reason.value if hasattr(seq.stop_reason, "value") else str(seq.stop_reason)
+            rollouts.append(Rollout(tokens, tuple(seq.logprobs or ()), stop,
+                                    reward(result, len(tokens), self.shaping), result))
+        return Group(index, self.prompt(index), tuple(rollouts))
+
+
+# -- dynamic sampling ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepBatch:
+    """What dynamic sampling drew for one step."""
+
+    kept: tuple[Group, ...]  # exactly batch_size unless hit_cap
+    carry: tuple[Group, ...]  # surplus kept groups for the next step
+    sampled: tuple[Group, ...]  # every group sampled this step (carried-in groups excluded)
+    gen_batches: int
+    failed_groups: int
+    empty_rollouts: int  # generation batches in which every request failed
+    speculative: int  # batches started before the previous one returned
+    hit_cap: bool
+
+    @property
+    def informative(self) -> int:
+        return sum(g.is_informative() for g in self.sampled)
+
+    @property
+    def filtered(self) -> int:
+        return len(self.sampled) - self.informative
+
+    @property
+    def filtered_all_wrong(self) -> int:
+        """Filtered groups without a single correct completion: too hard for the model (yet)."""
+        return sum(not g.is_informative() and g.all_wrong() for g in self.sampled)
+
+
+def batches_to_launch(need: int, in_flight: int, batch_size: int, rate: float, budget: int, max_inflight: int) -> int:
+    """How many new generation batches to start now.
+
+    Enough that, at the observed keep rate, the batches in flight are expected
+    to fill the remaining need, within the in-flight and cap budgets; at least
+    one when nothing is in flight and groups are still needed.
+    """
+    if need <= 0 or budget <= 0:
+        return 0
+    expected_per_batch = max(rate, 1e-3) * batch_size
+    wanted = math.ceil(need / expected_per_batch) - in_flight
+    floor = 1 if in_flight == 0 else 0
+    return max(floor, min(wanted, max_inflight - in_flight, budget))
+
+
+def collect_step(launch: Callable[[], GenerationBatch], carry: Sequence[Group], batch_size: int,
+                 max_gen_batches: int, max_inflight: int, evidence: tuple[int, int]) -> StepBatch:
+    """Draw generation batches until ``batch_size`` groups are kept or ``max_gen_batches`` are drawn.
+
+    ``evidence`` is (informative, sampled) groups of the run before this step: with
+    this step's own, it is the keep rate that decides how many batches to start at once.
+    """
+    kept: list[Group] = list(carry)
+    sampled: list[Group] = []
+    failed = empty = speculative = launched = 0
+    in_flight: deque[GenerationBatch] = deque()
+
+    def top_up() -> None:
+        nonlocal launched, speculative
+        informative = evidence[0] + len(kept) - len(carry)
+        seen = evidence[1] + len(sampled)
+        rate = informative / seen if seen else 1.0  # no evidence yet: assume all kept, never speculate blind
+        n = batches_to_launch(batch_size - len(kept), len(in_flight), batch_size, rate,
+                              max_gen_batches - launched, max_inflight)
+        speculative += max(0, n - (0 if in_flight else 1))
+        for _ in range(n):
+            in_flight.append(launch())
+            launched += 1
+
+    top_up()
+    while in_flight:
+        results = in_flight.popleft().result()
+        groups = [g for g in results if g is not None]
+        failed += len(results) - len(groups)
+        empty += bool(results) and not groups
+        sampled.extend(groups)
+        kept.extend(g for g in groups if g.is_informative())
+        top_up()
+
+    return StepBatch(kept=tuple(kept[:batch_size]), carry=tuple(kept[batch_size:]), sampled=tuple(sampled),
+                     gen_batches=launched, failed_groups=failed, empty_rollouts=empty, speculative=speculative,
+                     hit_cap=len(kept) < batch_size)

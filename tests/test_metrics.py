@@ -1,0 +1,52 @@
+"""The one metrics record per step: built from what was sampled and trained, written to lines and metrics.jsonl."""
+from steps.dapo import metrics
+from steps.dapo.batch import train_samples
+from steps.dapo.sampling import Group, Rollout, StepBatch
+from steps.gsm8k.reward import Grade
+
+
+def group(i, rewards):
+    return Group(i, (0,), tuple(Rollout((1, 2), (-1.0, -1.0), "stop", float(r), Grade(bool(r), True, None))
+                                for r in rewards))
+
+
+def step_batch(sampled, kept, carry=()):
+    return StepBatch(kept=tuple(kept), carry=tuple(carry), sampled=tuple(sampled), gen_batches=1 if sampled else 0,
+                     failed_groups=0, empty_rollouts=0, speculative=0, hit_cap=False)
+
+
+def test_figures_come_from_the_groups_sampled_this_step():
+    sampled = [group(0, [1, 0]), group(1, [0, 0]), group(2, [1, 1])]
+    batch = step_batch(sampled, kept=sampled[:1])
+    record = {**metrics.sampling_figures(3, batch),
+              **metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": -0.5}, 1.5)}
+    assert record["reward_mean"] == 0.5 and record["accuracy"] == 0.5
+    assert record["filtered_frac"] == 2 / 3 and record["filtered_all_wrong_frac"] == 1 / 3
+    assert metrics.line("train", record, metrics.TRAIN_FIELDS) == (
+        "train: step=3 reward_mean=0.5000 accuracy=0.5000 loss=-0.5 tokens=4 seconds=1.50")
+    assert metrics.line("sampling", record, metrics.SAMPLING_FIELDS) == (
+        "sampling: step=3 gen_batches=1 groups_sampled=3 filtered_frac=0.6667 kept_groups=1 empty_rollouts=0")
+
+
+def test_a_step_filled_by_carried_groups_reports_the_groups_it_trains_on():
+    carried = [group(0, [1, 0]), group(1, [1, 1, 1, 0])]
+    batch = step_batch(sampled=[], kept=carried)
+    record = metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": 0.0}, 0.1)
+    assert record["reward_mean"] == 4 / 6 and record["accuracy"] == 4 / 6  # not 0 for "nothing sampled"
+    assert metrics.sampling_figures(4, batch)["filtered_frac"] == 0.0
+
+
+def test_records_go_to_the_lines_the_jsonl_and_every_tracker(tmp_path):
+    lines, tracked = [], []
+
+    class Tracker:
+        def log_metrics(self, record, step):
+            tracked.append((step, record))
+
+    log = metrics.MetricsLog(tmp_path / "m" / "metrics.jsonl", print_fn=lines.append, trackers=[Tracker()])
+    log.eval({"step": 2, "accuracy": 0.25, "n": 4})
+    assert lines == ["eval: step=2 accuracy=0.2500"]
+    assert metrics.read(tmp_path / "m" / "metrics.jsonl") == [{"kind": "eval", "step": 2, "accuracy": 0.25, "n": 4}]
+    assert tracked == [(2, {"eval/accuracy": 0.25, "eval/n": 4})]
+    metrics.truncate_after(tmp_path / "m" / "metrics.jsonl", 1)
+    assert metrics.read(tmp_path / "m" / "metrics.jsonl") == []

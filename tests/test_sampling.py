@@ -1,0 +1,151 @@
+"""Generation batches and dynamic-sampling arithmetic on scripted reward patterns (no service needed)."""
+from types import SimpleNamespace
+
+import pytest
+
+from steps.dapo.sampling import Group, GroupSampler, Rollout, batches_to_launch, collect_step, derived_seed
+from steps.gsm8k.data import Example
+from steps.gsm8k.reward import Grade, RewardShaping
+
+NO_EVIDENCE = (0, 0)
+
+
+def group(i, rewards):
+    return Group(i, (0,), tuple(Rollout((1,), (-1.0,), "stop", float(r), Grade(bool(r), True, None))
+                                for r in rewards))
+
+
+class ScriptedBatches:
+    """Each launch returns the next scripted generation batch; records launches in flight."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+        self.launched = 0
+        self.max_in_flight = 0
+        self.in_flight = 0
+
+    def launch(self):
+        batch = self.batches[self.launched]
+        self.launched += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+        def result():
+            self.in_flight -= 1
+            return batch
+
+        return SimpleNamespace(result=result)
+
+
+MIXED, RIGHT, WRONG = [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]
+
+
+def test_keeps_sampling_until_the_batch_is_full_and_carries_the_surplus():
+    # batch_size 4; each generation batch has 4 groups of which 3 are mixed.
+    script = ScriptedBatches([[group(k, MIXED) for k in range(3)] + [group(3, WRONG)] for _ in range(5)])
+    b = collect_step(script.launch, carry=[], batch_size=4, max_gen_batches=5, max_inflight=1, evidence=NO_EVIDENCE)
+    assert len(b.kept) == 4 and not b.hit_cap
+    assert b.gen_batches == 2 and len(b.sampled) == 8
+    assert b.filtered == 2 and b.filtered_all_wrong == 2
+    assert len(b.carry) == 2  # 6 kept, 4 used, 2 carried
+
+    # The carried groups count first in the next step: one more batch fills it.
+    nxt = collect_step(script.launch, carry=b.carry, batch_size=4, max_gen_batches=5, max_inflight=1, evidence=NO_EVIDENCE)
+    assert nxt.kept[:2] == b.carry and nxt.gen_batches == 1 and len(nxt.carry) == 1
+
+
+def test_enough_carry_needs_no_sampling():
+    carry = [group(k, MIXED) for k in range(5)]
+    b = collect_step(ScriptedBatches([]).launch, carry, batch_size=4, max_gen_batches=3, max_inflight=2, evidence=NO_EVIDENCE)
+    assert b.gen_batches == 0 and b.kept == tuple(carry[:4]) and b.carry == tuple(carry[4:])
+
+
+def test_cap_stops_with_what_was_kept():
+    script = ScriptedBatches([[group(0, MIXED), group(1, RIGHT), group(2, WRONG), group(3, RIGHT)]] * 3)
+    b = collect_step(script.launch, carry=[], batch_size=4, max_gen_batches=3, max_inflight=1, evidence=NO_EVIDENCE)
+    assert b.hit_cap and b.gen_batches == 3 and len(b.kept) == 3
+    assert b.filtered == 9 and b.filtered_all_wrong == 3
+
+
+def test_failed_requests_and_empty_generation_batches_are_counted():
+    script = ScriptedBatches([[None, None], [group(0, MIXED), None], [group(1, MIXED), group(2, MIXED)]])
+    b = collect_step(script.launch, carry=[], batch_size=2, max_gen_batches=5, max_inflight=1, evidence=NO_EVIDENCE)
+    assert b.empty_rollouts == 1 and b.failed_groups == 3 and b.gen_batches == 3
+    assert len(b.kept) == 2 and len(b.carry) == 1
+
+
+def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
+    script = ScriptedBatches([[group(0, MIXED), group(1, WRONG), group(2, WRONG), group(3, WRONG)]] * 8)
+    b = collect_step(script.launch, carry=[], batch_size=4, max_gen_batches=8, max_inflight=3,
+                     evidence=(1, 4))  # 25% kept so far
+    assert script.max_in_flight == 3
+    assert b.speculative >= 2
+    assert len(b.kept) == 4 and not b.hit_cap
+
+
+@pytest.mark.parametrize(
+    "need,in_flight,rate,budget,max_inflight,expected",
+    [
+        (4, 0, 1.0, 10, 4, 1),  # everything kept so far: one batch
+        (4, 0, 0.25, 10, 4, 4),  # a quarter kept: four at once
+        (4, 0, 0.25, 2, 4, 2),  # ... but never past the cap
+        (4, 1, 0.5, 10, 4, 1),  # one in flight covers half
+        (4, 2, 0.5, 10, 4, 0),  # two in flight cover it all
+        (0, 0, 0.5, 10, 4, 0),  # full
+        (4, 0, 0.0, 10, 2, 2),  # nothing kept yet: bounded by max_inflight
+    ],
+)
+def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, expected):
+    assert batches_to_launch(need, in_flight, 4, rate, budget, max_inflight) == expected
+
+
+def test_derived_seeds_fit_the_apis_32_bit_integer():
+    seeds = {derived_seed(run_seed, n) for run_seed in (0, 1, 2**31 - 1) for n in range(1000)}
+    assert all(0 <= s <= 2**31 - 1 for s in seeds) and len(seeds) > 2990  # and distinct in practice
+    assert derived_seed(1, 2) == derived_seed(1, 2) != derived_seed(2, 1)
+
+
+class FailingThenAnswering:
+    """A sampling client whose first request per prompt fails, the resubmission answers."""
+
+    def __init__(self, answer: str):
+        self.calls = 0
+        self.answer = answer
+
+    def sample(self, prompt, num_samples, sampling_params):
+        self.calls += 1
+        if self.calls == 1:
+            return SimpleNamespace(result=lambda: (_ for _ in ()).throw(RuntimeError("operation failed")))
+        seq = SimpleNamespace(tokens=[1, 2], logprobs=[-0.1, -0.2], stop_reason="stop")
+        return SimpleNamespace(result=lambda: SimpleNamespace(sequences=[seq] * num_samples))
+
+
+class Tok:
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [0]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "#### 7"
+
+
+def sampler(grader=None, retries=2):
+    kwargs = {"grader": grader} if grader else {}
+    return GroupSampler(Tok(), [Example("q", "7")], 2, SimpleNamespace(model_copy=lambda update: None),
+                        RewardShaping(512), retries=retries, **kwargs)
+
+
+def test_a_failed_request_is_resubmitted_and_graded_once():
+    client = FailingThenAnswering("#### 7")
+    [g] = sampler().launch(client, [0], seed=None).result()
+    assert client.calls == 2 and [r.grade.correct for r in g.rollouts] == [True, True]
+
+
+def test_a_grading_error_is_a_bug_not_a_failed_sample():
+    def broken(text, example):
+        raise KeyError("grader bug")
+
+    client = FailingThenAnswering("#### 7")
+    client.calls = 1  # answers at once
+    with pytest.raises(KeyError, match="grader bug"):
+        sampler(grader=broken).launch(client, [0], seed=None).result()
+    assert client.calls == 2  # one request: the grading error was not retried as a failed sample
