@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 local-run: install

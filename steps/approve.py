@@ -51,7 +51,8 @@ def approve(client: Any, arn: str, evaluation: dict[str, Any]) -> str:
     if current == APPROVED:
         return "already approved"
     accuracy = float(evaluation["metrics"]["accuracy"]["value"])
-    description = f"DAPO pipeline: greedy accuracy {accuracy:.4f} on {evaluation.get('n', '?')} held-out GSM8K questions"
+    n = evaluation.get("n", "?")
+    description = f"DAPO pipeline: greedy accuracy {accuracy:.4f} on {n} held-out GSM8K questions"
     client.update_model_package(ModelPackageArn=arn, ModelApprovalStatus=APPROVED, ApprovalDescription=description)
     return "approved"
 

@@ -28,7 +28,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="model dir, model.tar.gz, or a dir holding it")
     p.add_argument("--eval", required=True, help="held-out .jsonl file or directory")
     p.add_argument("--output", required=True, help="directory for evaluation.json and predictions.jsonl")
-    p.add_argument("--eval-size", type=int, default=None, help="questions to evaluate (default: dapo.eval_size of the run)")
+    p.add_argument("--eval-size", type=int, default=None,
+                   help="questions to evaluate (default: dapo.eval_size of the run)")
     p.add_argument("--base", action="store_true", help="evaluate the base model the run started from instead")
     return p.parse_args(argv)
 
@@ -64,14 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if not examples:
         raise Refused(f"{args.eval}: no evaluation examples")
     tokenizer = load_tokenizer(cfg.session.tokenizer)
-    svc = service_client(cfg.session)
-    if args.base:
-        client, evaluated = svc.create_sampling_client(base_model=cfg.session.base_model), "base_model"
-    else:
-        client, evaluated = svc.create_sampling_client(model_package_arn=model["model_package_arn"]), "model_package"
-    with client:  # the implicit sampling session is stopped however this ends
-        result = evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries)
+    service = service_client(cfg.session)
+    evaluated = "base_model" if args.base else "model_package"
     arn = cfg.session.base_model if args.base else model["model_package_arn"]
+    target = {"base_model": arn} if args.base else {"model_package_arn": arn}
+    with service.create_sampling_client(**target) as client:  # its implicit session is stopped however this ends
+        result = evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries)
     write_outputs(Path(args.output), report(result, arn, evaluated), result)
     print(f"eval: accuracy={result.accuracy:.4f} format_error_rate={result.format_error_rate:.4f} "
           f"n={result.n} failed_requests={result.failed} ({evaluated})", flush=True)

@@ -35,10 +35,12 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "default.yaml"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=env("DAPO_CONFIG", str(DEFAULT_CONFIG)), help="YAML config (session/dapo sections)")
+    p.add_argument("--config", default=env("DAPO_CONFIG", str(DEFAULT_CONFIG)),
+                   help="YAML config (session/dapo sections)")
     p.add_argument("--hyperparameters", default="/opt/ml/input/config/hyperparameters.json",
                    help="SageMaker hyperparameters JSON; flat config keys that override --config (ignored if absent)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key (repeatable)")
     p.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--eval", default=env("SM_CHANNEL_EVAL", "/opt/ml/input/data/eval"))
     p.add_argument("--model-dir", default=env("SM_MODEL_DIR", "/opt/ml/model"))
@@ -67,12 +69,12 @@ def load_inputs(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[Example]
     return train, evaluation
 
 
-def open_session(svc: Any, cfg: RunConfig, start: LoopState) -> Any:
+def open_session(service: Any, cfg: RunConfig, start: LoopState) -> Any:
     if start.state_model_package_arn:
         log.info("resuming from %s (step %d)", start.state_model_package_arn, start.step)
-        return svc.create_training_client_from_state_with_optimizer(start.state_model_package_arn,
+        return service.create_training_client_from_state_with_optimizer(start.state_model_package_arn,
                                                                     **lora_kwargs(cfg.session))
-    return svc.create_lora_training_client(**lora_kwargs(cfg.session))
+    return service.create_lora_training_client(**lora_kwargs(cfg.session))
 
 
 def model_record(cfg: RunConfig, outcome: Outcome) -> dict[str, Any]:
@@ -116,9 +118,9 @@ def train(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.session.tokenizer)
     metrics_path = Path(args.output_dir) / "metrics.jsonl"
     metrics_io.truncate_after(metrics_path, start.step)
-    svc = service_client(cfg.session)
+    service = service_client(cfg.session)
 
-    training_client = open_session(svc, cfg, start)
+    training_client = open_session(service, cfg, start)
     try:
         trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=tokenizer,
                           train_examples=train_examples, eval_examples=eval_examples,

@@ -95,7 +95,8 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
         except DataError as exc:
             problems = [str(exc)]
         if problems:
-            report = build_report("refused", "validation refused the data:\n- " + "\n- ".join(problems), batch_size, on_overlap, scans)
+            message = "validation refused the data:\n- " + "\n- ".join(problems)
+            report = build_report("refused", message, batch_size, on_overlap, scans)
         else:
             report = build_report("accepted", "", batch_size, on_overlap, scans)
             report["message"] = summary(report)

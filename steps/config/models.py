@@ -110,7 +110,8 @@ class PipelineConfig(Section):
     processing_instance_type: str = Field("ml.m5.large", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
     training_instance_type: str = Field("ml.m5.xlarge", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
     accuracy_threshold: float = Field(0.5, ge=0, le=1)
-    max_runtime_seconds: int = Field(86400, ge=1, le=MAX_TRAINING_RUNTIME, json_schema_extra={"why": "SageMaker's limit"})
+    max_runtime_seconds: int = Field(86400, ge=1, le=MAX_TRAINING_RUNTIME,
+                                     json_schema_extra={"why": "SageMaker's limit"})
     processing_max_runtime_seconds: int = Field(7200, ge=1, le=MAX_PROCESSING_RUNTIME,
                                                 json_schema_extra={"why": "SageMaker's limit"})
     tags: dict[str, str] = Field(default_factory=dict,

@@ -78,19 +78,19 @@ class Trainer:
     grader: Grader = grade_example
 
     def __post_init__(self) -> None:
-        c = self.cfg
+        cfg = self.cfg
         self.sampler = GroupSampler(
-            tokenizer=self.tokenizer, examples=self.train_examples, group_size=c.group_size,
-            params=SamplingParams(max_tokens=c.max_tokens, temperature=c.temperature),
-            shaping=RewardShaping(c.max_tokens, c.overlong_buffer, c.overlong_penalty),
-            retries=c.sample_retries, grader=self.grader,
+            tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
+            params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
+            shaping=RewardShaping(cfg.max_tokens, cfg.overlong_buffer, cfg.overlong_penalty),
+            retries=cfg.sample_retries, grader=self.grader,
         )
 
     def run(self, state: LoopState) -> Outcome:
-        c = self.cfg
+        cfg = self.cfg
         if state.stopped_early:  # a restart after the cap: nothing left to do
             return Outcome(state, None)
-        n_steps = total_steps(c, len(self.train_examples))
+        n_steps = total_steps(cfg, len(self.train_examples))
         sampling_client = self._sampler(self._save_weights(state.step).result())
         last_eval: tuple[int, EvalResult] | None = None
 
@@ -100,19 +100,20 @@ class Trainer:
             record = sampling_figures(state.step + 1, batch)
             self.metrics.sampling(record)
             if batch.hit_cap:
-                reason = cap_reason(state.step, batch, c)
+                reason = cap_reason(state.step, batch, cfg)
                 self.metrics.print_fn(f"stopped: {reason}")
                 self.metrics.stopped(record)
                 state = replace(state, carry=batch.kept, stopped_early=True, stop_reason=reason,
                                 sampler_model_package_arn=sampling_client.model_package_arn)
                 return Outcome(self._checkpoint(state), last_eval[1] if last_eval else None)
 
-            samples = train_samples(batch.kept, c.advantage_std_scaling, c.overlong_filtering)
+            samples = train_samples(batch.kept, cfg.advantage_std_scaling, cfg.overlong_filtering)
             fb = self.training_client.forward_backward(
-                build_datums(samples, c.loss_aggregation), loss_fn=c.loss_fn,
-                loss_fn_config={"clip_low_threshold": c.clip_low_threshold, "clip_high_threshold": c.clip_high_threshold},
+                build_datums(samples, cfg.loss_aggregation), loss_fn=cfg.loss_fn,
+                loss_fn_config={"clip_low_threshold": cfg.clip_low_threshold,
+                                "clip_high_threshold": cfg.clip_high_threshold},
             )
-            optim = self.training_client.optim_step(adam_params(c))
+            optim = self.training_client.optim_step(adam_params(cfg))
             # Queued behind the optimizer step on the same sequence: one wait for all three, awaited in
             # submission order so a failed step raises before the save is waited on.
             save = self._save_weights(state.step + 1)
@@ -122,9 +123,9 @@ class Trainer:
                             sampler_model_package_arn=sampling_client.model_package_arn)
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, time.monotonic() - t0)})
 
-            if state.step % c.save_every == 0 or state.step == n_steps:
+            if state.step % cfg.save_every == 0 or state.step == n_steps:
                 state = self._checkpoint(state)
-            if c.eval_every and state.step % c.eval_every == 0:
+            if cfg.eval_every and state.step % cfg.eval_every == 0:
                 last_eval = (state.step, self.evaluate(state.step, sampling_client))
 
         if last_eval and last_eval[0] == state.step:
@@ -158,9 +159,9 @@ class Trainer:
         return self.training_client.create_sampling_client(model_package_arn=saved.model_package_arn)
 
     def evaluate(self, step: int, sampling_client: Any) -> EvalResult:
-        c = self.cfg
-        result = evaluate_greedy(sampling_client, self.tokenizer, self.eval_examples[: c.eval_size], c.max_tokens,
-                                 c.sample_retries)
+        cfg = self.cfg
+        result = evaluate_greedy(sampling_client, self.tokenizer, self.eval_examples[: cfg.eval_size], cfg.max_tokens,
+                                 cfg.sample_retries)
         self.metrics.eval({"step": step, "accuracy": result.accuracy, "format_error_rate": result.format_error_rate,
                            "n": result.n, "failed": result.failed})
         return result

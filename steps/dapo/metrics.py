@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 from steps.dapo.batch import TrainSample
 from steps.dapo.sampling import Group, StepBatch
 
-# Fields of each log line, in order (SPEC section 4).
+# Fields of each log line, in order. The pipeline's metric regexes match them: only ever append.
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
 TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds")
 EVAL_FIELDS = ("step", "accuracy")

@@ -101,9 +101,9 @@ def from_json(raw: dict[str, Any]) -> LoopState:
 
 
 def write(directory: str | Path, state: LoopState) -> Path:
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    final, tmp = d / FILENAME, d / f".{FILENAME}.tmp"
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    final, tmp = folder / FILENAME, folder / f".{FILENAME}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(to_json(state), f)
         f.flush()

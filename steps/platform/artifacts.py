@@ -18,11 +18,11 @@ class ModelArtifactError(Refused):
 
 def write_model_json(model_dir: str | Path, record: dict[str, Any]) -> Path:
     """Write atomically: a half-written model.json never passes for a result."""
-    d = Path(model_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{FILENAME}.tmp"
+    directory = Path(model_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{FILENAME}.tmp"
     tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
-    return tmp.replace(d / FILENAME)
+    return tmp.replace(directory / FILENAME)
 
 
 def _from_tar(path: Path) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def find_sdk_problems(import_module: Callable[[str], Any] = importlib.import_mod
 
 
 def describe_installed() -> str:
-    return ", ".join(f"{d} {_version(d)}" for d in ("sagemaker-train", "botocore", "boto3"))
+    return ", ".join(f"{dist} {_version(dist)}" for dist in ("sagemaker-train", "botocore", "boto3"))
 
 
 def require_training_session_sdk(problems: list[SdkProblem] | None = None) -> None:
