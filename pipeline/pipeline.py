@@ -77,7 +77,7 @@ def _metric(line: str, key: str) -> MetricDefinition:
     return MetricDefinition(name=f"{line}:{key}", regex=rf"{line}: step=[0-9]+ .*\b{key}={_NUM}")
 
 
-# Regexes over the log lines steps.train prints (SPEC section 4), e.g.
+# Regexes over the log lines steps.train prints (steps/dapo/metrics.py), e.g.
 #   sampling: step=3 gen_batches=2 groups_sampled=64 filtered_frac=0.4531 kept_groups=35 empty_rollouts=0
 #   train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21
 #   eval: step=10 accuracy=0.5300
