@@ -1,8 +1,10 @@
 """``python -m pipeline.start --config X [--param Name=Value ...] [--wait]``: start an execution.
 
 Overrides are checked against the *deployed* pipeline's parameters (name and
-type) and against the config's ranges before anything starts, so a typo or
-``BatchSize=0`` fails here and not an hour into a run.
+type) and against the config's ranges, and :mod:`pipeline.preflight` checks the
+base model and the data prefixes the execution will read, before anything
+starts: a typo, ``BatchSize=0`` or an empty prefix fails here and not an hour
+into a run.
 """
 from __future__ import annotations
 
@@ -10,20 +12,24 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
+import boto3
+
+from pipeline import preflight
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
 from pipeline.config import load
 from steps.cli import parse_pairs
-from steps.config import config_from_dict, load_yaml
-from steps.config.parameters import overridden
+from steps.config import RunConfig, config_from_dict, load_yaml
+from steps.config.parameters import BY_NAME, overridden
 from steps.platform.versions import require_training_session_sdk
 
 TERMINAL = ("Succeeded", "Failed", "Stopped")
 
 
-def check_params(params: dict[str, str], declared: dict[str, str], config_path: str) -> None:
-    """Names and types from the deployed definition, ranges from the config models."""
+def check_params(params: dict[str, str], declared: dict[str, str], config_path: str) -> RunConfig:
+    """Names and types from the deployed definition, ranges from the config models; returns the
+    config the execution runs with (the file with the overrides in place)."""
     typed: dict[str, Any] = {}
     for name, value in params.items():
         if name not in declared:
@@ -34,7 +40,7 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
         except ValueError:
             raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
     source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
-    config_from_dict(overridden(load_yaml(config_path), typed), source=source)
+    return config_from_dict(overridden(load_yaml(config_path), typed), source=source)
 
 
 def deployed_parameters(sm: Any, name: str, region: str) -> dict[str, str]:
@@ -45,9 +51,14 @@ def deployed_parameters(sm: Any, name: str, region: str) -> dict[str, str]:
     return {p["Name"]: p["Type"] for p in definition.get("Parameters", [])}
 
 
-def start(sm: Any, name: str, region: str, params: dict[str, str], config_path: str) -> str:
-    """Check the overrides, start an execution and return its ARN."""
-    check_params(params, deployed_parameters(sm, name, region), config_path)
+def start(session: boto3.Session, name: str, region: str, params: dict[str, str], config_path: str) -> str:
+    """Check the overrides and what the execution reads, start it and return its ARN."""
+    sm = session.client("sagemaker")
+    run = check_params(params, deployed_parameters(sm, name, region), config_path)
+    preflight.before_start(session, run, params)
+    # The config's form of a data prefix ends with '/': s3://b/data/train would also read s3://b/data/train-old/.
+    data = {n: getattr(run.pipeline, BY_NAME[n].field) for n in preflight.DATA_PARAMETERS if n in params}
+    params = {**params, **data}
     response = sm.start_pipeline_execution(
         PipelineName=name,
         PipelineParameters=[{"Name": n, "Value": v} for n, v in params.items()],
@@ -102,7 +113,8 @@ def _list_steps(sm: Any) -> Callable[[str], list[dict[str, Any]]]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.start", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="YAML config with session/dapo/pipeline sections")
-    p.add_argument("--param", action="append", default=[], metavar="Name=Value", help="override a pipeline parameter (repeatable)")
+    p.add_argument("--param", action="append", default=[], metavar="Name=Value",
+                   help="override a pipeline parameter (repeatable)")
     p.add_argument("--wait", action="store_true", help="poll and print each step's status until the execution ends")
     p.add_argument("--poll-seconds", type=float, default=30.0)
     args = p.parse_args(argv)
@@ -111,16 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, run = load(args.config)
     params = parse_pairs(args.param, "--param", example="BatchSize=64")
     region = resolve_region(run.session.region, args.config)
-    sm = aws_session(region).client("sagemaker")
-    arn = start(sm, cfg.name, region, params, args.config)
+    session = aws_session(region)
+    arn = start(session, cfg.name, region, params, args.config)
     print(f"started {arn}")
     execution_id = arn.rsplit("/", 1)[-1]
     print(f"console: {console_url(region, f'pipelines/{cfg.name}/executions/{execution_id}')}")
     if not args.wait:
         return 0
-    status = wait_for_execution(
-        arn, lambda a: sm.describe_pipeline_execution(PipelineExecutionArn=a), _list_steps(sm), poll_seconds=args.poll_seconds
-    )
+    sm = session.client("sagemaker")
+    status = wait_for_execution(arn, lambda a: sm.describe_pipeline_execution(PipelineExecutionArn=a),
+                                _list_steps(sm), poll_seconds=args.poll_seconds)
     return 0 if status == "Succeeded" else 1
 
 

@@ -1,4 +1,5 @@
-"""The step image, checked without Docker: parsed, linted (hadolint, shellcheck), entrypoint run for real."""
+"""The step image, checked without Docker: parsed, linted (hadolint, shellcheck), entrypoint run for real,
+and its user writing SageMaker's root-owned mounts."""
 from __future__ import annotations
 
 import os
@@ -6,9 +7,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from local.toy_data import write_split
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "containers" / "Dockerfile"
@@ -57,11 +62,17 @@ def test_base_image_is_pinned_to_a_patch_release():
         assert "latest" not in image
 
 
-def test_runtime_stage_runs_as_non_root_from_opt_program():
-    final = stages()[-1]
-    users = [a for k, a in final if k == "USER"]
-    assert users and users[-1].split(":")[0] not in ("root", "0")
-    assert ("WORKDIR", "/opt/program") in final
+def image_uid() -> int:
+    """The uid the final stage runs as: its last USER, or root (0) without one."""
+    users = [a for k, a in stages()[-1] if k == "USER"]
+    user = users[-1].split(":")[0] if users else "root"
+    assert user == "root" or user.isdigit(), f"USER {user}: a name needs the image's /etc/passwd to resolve"
+    return 0 if user == "root" else int(user)
+
+
+def test_runtime_stage_runs_as_root_from_opt_program():
+    assert image_uid() == 0  # SageMaker's mounts are root-owned: see the mount tests below
+    assert ("WORKDIR", "/opt/program") in stages()[-1]
 
 
 def test_no_build_tools_or_package_managers_in_the_runtime_stage():
@@ -107,7 +118,8 @@ def test_entrypoint_is_the_script_and_installs_the_image_extra():
 
 
 def test_constraints_pin_every_package_exactly():
-    lines = [l for l in (ROOT / "containers" / "constraints.txt").read_text().splitlines() if l and not l.startswith("#")]
+    text = (ROOT / "containers" / "constraints.txt").read_text()
+    lines = [l for l in text.splitlines() if l and not l.startswith("#")]
     assert lines and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+\-]+", l) for l in lines)
     names = {l.split("==")[0].lower().replace("_", "-") for l in lines}
     assert {"sagemaker-train", "botocore", "transformers", "pyyaml", "numpy"} <= names
@@ -160,3 +172,87 @@ def test_entrypoint_runs_any_other_command(fake_python):
 def test_entrypoint_without_arguments_explains_itself(fake_python):
     result = run_entrypoint(fake_python)
     assert result.returncode == 64 and "usage: IMAGE train" in result.stderr
+
+
+# -- SageMaker's mounts --------------------------------------------------------------------
+# SageMaker bind-mounts these from the host, root-owned, so the user the image runs as must be able to write
+# them as they are (sagemaker-core's own job bootstrap runs `chmod -R 777 /opt/ml/...` when it is not root).
+VALIDATION = "opt/ml/processing/output/validation"
+WRITABLE = ("opt/ml/model", "opt/ml/output/data", "opt/ml/checkpoints")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creates root-owned directories and switches users")
+
+# What the entrypoint runs as `python`: import the step while still root, become `uid`, run it. The imports
+# come first because this machine's interpreter lives under /root (0700); the image's /opt/venv is readable
+# by every user, so in the image only the uid would differ.
+VALIDATE_AS = """
+import os, sys
+import steps.validate
+from steps.platform.versions import require_training_session_sdk
+require_training_session_sdk()  # run_step calls it first: import what it imports while still root
+uid = int(sys.argv[1])
+os.setgroups([]); os.setgid(uid); os.setuid(uid)
+sys.exit(steps.validate.main(sys.argv[2:]))
+"""
+
+
+def become(uid: int) -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+@pytest.fixture
+def container_root() -> Iterator[Path]:
+    """A container's filesystem: root-owned 0755 mount points under /opt/ml, GSM8K input readable by all."""
+    root = Path(tempfile.mkdtemp())  # under /tmp, so every uid can reach it (pytest's tmp_path is 0700)
+    try:
+        for rel in (VALIDATION, *WRITABLE, "opt/ml/processing/input"):
+            for part in reversed([root / rel, *(root / rel).parents]):
+                if part.is_relative_to(root):
+                    part.mkdir(exist_ok=True)
+                    part.chmod(0o755)
+        for path in write_split(root / "opt/ml/processing/input", 24, 8, seed=3):
+            path.chmod(0o644)
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+def validate_as(uid: int, root: Path) -> subprocess.CompletedProcess:
+    """`containers/entrypoint.sh python -m steps.validate ... --output <the root-owned mount>` as `uid`."""
+    data = root / "opt/ml/processing/input"
+    args = ["--train", str(data / "train.jsonl"), "--eval", str(data / "eval.jsonl"), "--batch-size", "4",
+            "--output", str(root / VALIDATION)]
+    return subprocess.run([shutil.which("sh"), str(ENTRYPOINT), sys.executable, "-c", VALIDATE_AS, str(uid), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def write_as(uid: int, directory: Path) -> subprocess.CompletedProcess:
+    """Create ``directory/probe`` as `uid`, the way a step writes its model, checkpoints or output data."""
+    return subprocess.run([shutil.which("sh"), "-c", 'echo ok > "$1/probe"', "sh", str(directory)],
+                          capture_output=True, text=True, preexec_fn=lambda: become(uid))
+
+
+@needs_root
+def test_the_image_user_writes_sagemakers_root_owned_mounts(container_root):
+    uid = image_uid()
+    result = validate_as(uid, container_root)
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in (container_root / VALIDATION).iterdir())
+    assert written == ["eval.jsonl", "train.jsonl", "validation.json"]
+    for rel in WRITABLE:
+        assert write_as(uid, container_root / rel).returncode == 0, rel
+        assert (container_root / rel / "probe").read_text() == "ok\n"
+
+
+@needs_root
+def test_why_not_uid_1000_it_cannot_write_them(container_root):
+    """The former `USER 1000:1000`: ValidateData fails on its first output file, training could not save."""
+    result = validate_as(1000, container_root)
+    assert result.returncode == 1
+    assert f"PermissionError: [Errno 13] Permission denied: '{container_root / VALIDATION}/" in result.stderr
+    assert list((container_root / VALIDATION).iterdir()) == []
+    for rel in WRITABLE:
+        denied = write_as(1000, container_root / rel)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, rel
+        assert not (container_root / rel / "probe").exists()

@@ -1,41 +1,72 @@
-"""The IAM documents parse, name real actions, stay least-privilege, and cover what the code calls."""
+"""The IAM documents grant exactly what the code calls: every action collected below is granted, and every
+granted action is one of them.
+
+Collected: what deploy (with its preflight) and start send, recorded against moto; what the SDK sends for
+the training, resumed training, evaluation and approval steps, recorded against the local training-session
+service; the SageMaker calls named in steps/; the job types of the definition; and, listed with a reason,
+what SageMaker itself does with the pipeline role while it runs the jobs and the training session.
+"""
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import boto3
+import botocore.handlers
 import botocore.session
 import pytest
 from botocore import xform_name
 from moto import mock_aws
 
-import sagemaker.train.training_session as training_session_sdk
+from local.toy_data import write_split
 from pipeline import deploy as deploy_cmd
+from pipeline import preflight
 from pipeline import start as start_cmd
 from pipeline.config import load
+from steps import approve, evaluate, train
+from tests.local_service import ENDPOINT_ENV_VARS, client_kwargs
 from tests.test_pipeline_definition import all_steps, local_build
+from tests.test_preflight import ACCOUNT, REGION, answer, create_account, push_image, serve_public_hub, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 IAM = ROOT / "config" / "iam"
-LOCAL = ROOT / "config" / "local.yaml"
 ROLE_ARN = "arn:aws:iam::<ACCOUNT_ID>:role/<ROLE_NAME>"
-# The training-session API as steps.train drives it through the SDK (create,
-# poll until Running, stop; forward_backward/optim_step/save_state and sampling
-# on the runtime; model packages for resume and the final model; the Hub for the
-# tokenizer). Each must appear in the SDK's source, so the list cannot drift.
-TRAINING_SESSION_CALLS = (
-    "CreateTrainingSession", "DescribeTrainingSession", "StopTrainingSession",
-    "ExecuteTrainingOperation", "GetTrainingOperationResult",
-    "ExecuteSamplingOperation", "GetSamplingOperationResult",
-    "DescribeModelPackage", "ListModelPackages", "DescribeHubContent",
-)
 JOB_ACTIONS = {
     "Processing": ("CreateProcessingJob", "DescribeProcessingJob", "StopProcessingJob"),
     "Training": ("CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob"),
+}
+#: Operations whose IAM action has another name than the operation.
+IAM_ACTION_OF = {"s3:ListObjectsV2": "s3:ListBucket"}
+#: What SageMaker does with the pipeline role while it runs our jobs and the training session: no request of
+#: ours carries these. After AWS's minimal CreateProcessingJob/CreateTrainingJob execution roles (cited in
+#: config/iam/README.md) and the training-session prerequisites.
+ON_OUR_BEHALF = {
+    "iam:PassRole": "the pipeline passes the role to its jobs, TrainDAPO to its training session",
+    "sagemaker:AddTags": "the pipeline tags the jobs it creates with the pipeline's tags",
+    "s3:ListBucket": "jobs list their S3Prefix inputs (the data; the validated data and model under the output "
+                     "prefix) and TrainDAPO its checkpoints",
+    "s3:GetObject": "jobs download their inputs, TrainDAPO its checkpoints",
+    "s3:PutObject": "jobs upload outputs and checkpoints; the training session writes under s3_output_path",
+    "ecr:GetAuthorizationToken": "jobs pull the step image",
+    "ecr:BatchCheckLayerAvailability": "jobs pull the step image",
+    "ecr:GetDownloadUrlForLayer": "jobs pull the step image",
+    "ecr:BatchGetImage": "jobs pull the step image",
+    "logs:CreateLogGroup": "job logs",
+    "logs:CreateLogStream": "job logs",
+    "logs:PutLogEvents": "job logs",
+    "logs:DescribeLogStreams": "job logs",
+    "cloudwatch:PutMetricData": "TrainDAPO's metric definitions",
+    "sagemaker:CreateModelPackage": "save_state and save_weights_for_sampler publish into the model package group",
+    "sagemaker:DescribeModelPackageGroup": "the training session checks the group it publishes into",
+    "sagemaker:DescribeHubContent": "the training session resolves its base model on the Public Hub, and "
+                                    "the SDK reads the model's tokenizer id there (a Hub ARN reaches no Hub "
+                                    "locally, so the recorded run cannot show it)",
+}
+#: What deploy and start send that moto cannot record.
+DEPLOYER_UNRECORDED = {
+    "iam:PassRole": "CreatePipeline passes the pipeline role: authorised, never sent",
 }
 
 
@@ -51,12 +82,8 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def allowed(doc: dict[str, Any], action: str) -> bool:
-    return any(
-        fnmatch.fnmatch(action.lower(), pattern.lower())
-        for s in statements(doc) if s["Effect"] == "Allow"
-        for pattern in as_list(s["Action"])
-    )
+def granted(doc: dict[str, Any]) -> set[str]:
+    return {a for s in statements(doc) if s["Effect"] == "Allow" for a in as_list(s["Action"])}
 
 
 def operations(service: str) -> set[str]:
@@ -64,6 +91,119 @@ def operations(service: str) -> set[str]:
 
 
 SAGEMAKER_OPERATIONS = operations("sagemaker") | operations("sagemakertrainingsessionruntime")
+
+
+def recorder(calls: set[str]) -> Callable[..., None]:
+    """A botocore handler adding the IAM action of each call; ``before-parameter-build`` precedes the
+    ``before-call`` hooks that answer for moto, so hooked calls are recorded too."""
+    def record(model: Any, **_: Any) -> None:
+        action = f"{model.service_model.signing_name}:{model.name}"
+        calls.add(IAM_ACTION_OF.get(action, action))
+    return record
+
+
+# -- what the code calls -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deployer_calls(tmp_path_factory) -> set[str]:
+    """Deploy's preflight and upsert (create, then update with tags), start, and what --wait polls, in moto."""
+    image = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/dapo-steps:t1"
+    path = write_config(tmp_path_factory.mktemp("cfg"), pipeline={"image_uri": image, "tags": {"project": "dapo"}})
+    cfg, run = load(path)
+    calls: set[str] = set()
+    with mock_aws():
+        session = serve_public_hub(boto3.Session(region_name=REGION))
+        create_account(session)
+        push_image(session, "dapo-steps", "t1")
+        session.events.register("before-call.sagemaker.ListPipelineExecutionSteps",  # moto lacks it
+                                lambda **_: answer({"PipelineExecutionSteps": []}))
+        session.events.register("before-parameter-build", recorder(calls))
+        # deploy() = this preflight + the offline build (no request: see test_pipeline_definition) + upsert.
+        preflight.before_deploy(session, run, str(path))
+        sm = session.client("sagemaker")
+        definition = json.dumps(local_build()["definition"])
+        deploy_cmd.upsert(sm, cfg, definition)  # create
+        deploy_cmd.upsert(sm, cfg, definition)  # update + tags
+        arn = start_cmd.start(session, cfg.name, REGION, {"BatchSize": "8"}, str(path))
+        sm.describe_pipeline_execution(PipelineExecutionArn=arn)  # what --wait polls
+        start_cmd._list_steps(sm)(arn)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def sdk_calls(tmp_path_factory, training_service) -> set[str]:
+    """The steps against the local training-session service: train, train again (resume), evaluate the trained
+    and the base model, approve. Every botocore client the SDK builds reports to the recorder."""
+    d = tmp_path_factory.mktemp("steps")
+    train_path, eval_path = write_split(d / "data", 60, 20, seed=5)
+    calls: set[str] = set()
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ENDPOINT_ENV_VARS:
+            mp.setenv(var, training_service.url)
+        mp.setattr(botocore.handlers, "BUILTIN_HANDLERS",
+                   [*botocore.handlers.BUILTIN_HANDLERS, ("before-parameter-build", recorder(calls))])
+        mp.setattr(boto3, "DEFAULT_SESSION", None)  # boto3.client() (approve's) then builds one that records
+        for steps in (1, 2):  # the second run resumes from the first one's checkpoint
+            assert train.main(["--config", str(ROOT / "config/local.yaml"), "--train", str(train_path),
+                               "--eval", str(eval_path), "--model-dir", str(d / "model"),
+                               "--output-dir", str(d / "out"), "--checkpoint-dir", str(d / "ckpt"),
+                               "--hyperparameters", str(d / "none.json"), "--set", f"max_steps={steps}",
+                               "--set", "batch_size=4", "--set", "save_every=1", "--set", "eval_size=4",
+                               "--set", f"model_package_group_arn={client_kwargs()['model_package_group_arn']}"]) == 0
+        for extra in ([], ["--base"]):
+            assert evaluate.main(["--model", str(d / "model"), "--eval", str(eval_path), "--eval-size", "4",
+                                  "--output", str(d / "eval"), *extra]) == 0
+        assert approve.main(["--model", str(d / "model"), "--evaluation", str(d / "eval" / "evaluation.json")]) == 0
+    return calls
+
+
+def steps_source_calls() -> set[str]:
+    """SageMaker operations steps/ calls by name (e.g. approve's update_model_package)."""
+    by_snake = {xform_name(op): op for op in SAGEMAKER_OPERATIONS}
+    source = "\n".join(p.read_text() for p in (ROOT / "steps").rglob("*.py"))
+    # Operation names with an underscore: `.search(` is re.search, not SageMaker's Search.
+    return {f"sagemaker:{by_snake[m]}" for m in re.findall(r"\.([a-z][a-z0-9]*_[a-z0-9_]+)\(", source) if m in by_snake}
+
+
+def job_calls() -> set[str]:
+    types = {s["Type"] for s in all_steps(local_build()["definition"])}
+    assert types == {"Processing", "Training", "Condition", "Fail"}
+    return {f"sagemaker:{op}" for kind in types & set(JOB_ACTIONS) for op in JOB_ACTIONS[kind]}
+
+
+@pytest.fixture(scope="module")
+def role_calls(sdk_calls) -> set[str]:
+    return job_calls() | sdk_calls | steps_source_calls() | set(ON_OUR_BEHALF)
+
+
+# -- least privilege, proven ---------------------------------------------------------------------
+
+
+def test_the_deployer_is_granted_exactly_what_deploy_and_start_call(deployer_calls):
+    assert {"iam:GetRole", "ecr:DescribeImages", "s3:ListBucket", "sagemaker:ListHubContents",
+            "sagemaker:DescribeHubContent", "sagemaker:CreatePipeline", "sagemaker:UpdatePipeline",
+            "sagemaker:AddTags", "sagemaker:StartPipelineExecution", "sagemaker:ListPipelineExecutionSteps",
+            } <= deployer_calls  # the recording works
+    calls = deployer_calls | set(DEPLOYER_UNRECORDED)
+    given = granted(policy("deployer-policy.json"))
+    assert {"missing": calls - given, "never used": given - calls} == {"missing": set(), "never used": set()}
+
+
+def test_the_pipeline_role_is_granted_exactly_what_its_jobs_and_session_call(role_calls, sdk_calls):
+    assert {"sagemaker:CreateTrainingSession", "sagemaker:ExecuteTrainingOperation",
+            "sagemaker:ExecuteSamplingOperation", "sagemaker:StopTrainingSession",
+            "sagemaker:UpdateModelPackage"} <= sdk_calls  # the recording works
+    given = granted(policy("pipeline-role-policy.json"))
+    assert {"missing": role_calls - given, "never used": given - role_calls} == {"missing": set(),
+                                                                                "never used": set()}
+
+
+def test_the_sdk_calls_are_the_training_session_api_and_the_model_registry(sdk_calls):
+    assert all(a.startswith("sagemaker:") and a.split(":")[1] in SAGEMAKER_OPERATIONS for a in sdk_calls), sdk_calls
+
+
+# -- the documents ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["pipeline-role-policy.json", "trust-policy.json", "deployer-policy.json"])
@@ -77,13 +217,12 @@ def test_documents_parse_and_only_allow(name):
 
 @pytest.mark.parametrize("name", ["pipeline-role-policy.json", "deployer-policy.json"])
 def test_no_wildcard_actions_and_real_sagemaker_action_names(name):
-    for s in statements(policy(name)):
-        for action in as_list(s["Action"]):
-            service, _, op = action.partition(":")
-            assert "*" not in action, action
-            if service == "sagemaker":
-                # A typo here would only show up as AccessDenied in a running pipeline.
-                assert op in SAGEMAKER_OPERATIONS, action
+    for action in granted(policy(name)):
+        service, _, op = action.partition(":")
+        assert "*" not in action, action
+        if service == "sagemaker":
+            # A typo here would only show up as AccessDenied in a running pipeline.
+            assert op in SAGEMAKER_OPERATIONS, action
 
 
 @pytest.mark.parametrize("name", ["pipeline-role-policy.json", "deployer-policy.json"])
@@ -92,6 +231,24 @@ def test_resource_star_only_where_iam_offers_nothing_narrower(name):
         if "*" in as_list(s["Resource"]):
             for action in as_list(s["Action"]):
                 assert action.split(":")[1].startswith(("List", "GetAuthorizationToken", "PutMetricData")), action
+
+
+def conditions(doc: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(action, condition key) for every conditioned grant."""
+    for s in statements(doc):
+        for test in s.get("Condition", {}).values():
+            for key in test:
+                for action in as_list(s["Action"]):
+                    yield action, key
+
+
+def test_no_condition_that_its_requests_cannot_satisfy():
+    """s3:prefix exists only on listings (s3:ListBucket); a listing without one would be denied by it, so only
+    the deployer, whose preflight always lists a prefix, uses it."""
+    for name in ("pipeline-role-policy.json", "deployer-policy.json"):
+        for action, key in conditions(policy(name)):
+            if key == "s3:prefix":
+                assert (name, action) == ("deployer-policy.json", "s3:ListBucket")
 
 
 def test_pass_role_is_this_role_to_sagemaker_only():
@@ -106,79 +263,12 @@ def test_trust_is_sagemaker_in_this_account():
     [s] = statements(policy("trust-policy.json"))
     assert s["Principal"] == {"Service": "sagemaker.amazonaws.com"} and s["Action"] == "sts:AssumeRole"
     assert s["Condition"]["StringEquals"] == {"aws:SourceAccount": "<ACCOUNT_ID>"}
+    assert preflight.trusts_sagemaker(policy("trust-policy.json"))  # what the preflight accepts
 
 
-def test_role_runs_every_job_type_of_the_definition():
-    doc = policy("pipeline-role-policy.json")
-    types = {s["Type"] for s in all_steps(local_build()["definition"])}
-    assert types == {"Processing", "Training", "Condition", "Fail"}
-    for kind in types & set(JOB_ACTIONS):
-        for op in JOB_ACTIONS[kind]:
-            assert allowed(doc, f"sagemaker:{op}"), op
-    assert allowed(doc, "sagemaker:AddTags")  # jobs carry the pipeline's tags
-
-
-def test_role_covers_the_training_session_api():
-    sdk_source = "\n".join(p.read_text() for p in Path(training_session_sdk.__file__).parent.glob("*.py"))
-    doc = policy("pipeline-role-policy.json")
-    for op in TRAINING_SESSION_CALLS:
-        assert op in SAGEMAKER_OPERATIONS, op
-        assert f".{xform_name(op)}(" in sdk_source, f"the SDK no longer calls {op}"
-        assert allowed(doc, f"sagemaker:{op}"), op
-
-
-def test_role_covers_the_sagemaker_calls_in_steps():
-    """Any SageMaker operation steps/ calls by name (e.g. approve's update_model_package) is allowed."""
-    by_snake = {xform_name(op): op for op in SAGEMAKER_OPERATIONS}
-    source = "\n".join(p.read_text() for p in (ROOT / "steps").rglob("*.py"))
-    # Operation names with an underscore: `.search(` is re.search, not SageMaker's Search.
-    called = {by_snake[m] for m in re.findall(r"\.([a-z][a-z0-9]*_[a-z0-9_]+)\(", source) if m in by_snake}
-    assert "UpdateModelPackage" in called  # steps.approve
-    doc = policy("pipeline-role-policy.json")
-    assert {op for op in called if not allowed(doc, f"sagemaker:{op}")} == set()
-
-
-def test_role_covers_job_data_image_and_logs():
-    doc = policy("pipeline-role-policy.json")
-    for action in ("s3:GetObject", "s3:PutObject", "s3:ListBucket", "ecr:BatchGetImage",
-                   "ecr:GetDownloadUrlForLayer", "ecr:GetAuthorizationToken", "logs:CreateLogStream",
-                   "logs:PutLogEvents", "cloudwatch:PutMetricData", "sagemaker:UpdateModelPackage"):
-        assert allowed(doc, action), action
-    writable = [s for s in statements(doc) if "s3:PutObject" in as_list(s["Action"])]
+def test_only_the_output_prefix_is_writable():
+    writable = [s for s in statements(policy("pipeline-role-policy.json")) if "s3:PutObject" in as_list(s["Action"])]
     assert [s["Resource"] for s in writable] == ["arn:aws:s3:::<OUTPUT_BUCKET>/<OUTPUT_PREFIX>/*"]
-
-
-def test_deployer_covers_what_deploy_and_start_send():
-    """Record the requests of a real deploy and start against moto; each must be allowed."""
-    cfg, _ = load(LOCAL)
-    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/dapo-steps:t1"
-    with mock_aws():
-        session = boto3.Session(region_name="us-west-2")
-        session.client("iam").create_role(RoleName="dapo-local", AssumeRolePolicyDocument="{}")
-        ecr = session.client("ecr")
-        ecr.create_repository(repositoryName="dapo-steps")
-        ecr.put_image(repositoryName="dapo-steps", imageTag="t1", imageManifest=json.dumps(
-            {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-             "config": {"digest": "sha256:" + "0" * 64, "size": 1, "mediaType": "application/vnd.docker.container.image.v1+json"},
-             "layers": []}))
-        sent: set[str] = set()
-        session.events.register("before-call", lambda model, **_: sent.add(f"{model.service_model.signing_name}:{model.name}"))
-        # deploy() = these checks + the offline build (no request, see test_pipeline_definition) + upsert.
-        deploy_cmd.check_role(session, cfg.role_arn)
-        deploy_cmd.check_image(session, image)
-        sm = session.client("sagemaker")
-        tagged = cfg.model_copy(update={"tags": {"project": "dapo"}})
-        definition = json.dumps(local_build()["definition"])
-        deploy_cmd.upsert(sm, tagged, definition)  # create
-        deploy_cmd.upsert(sm, tagged, definition)  # update + tags
-        arn = start_cmd.start(sm, cfg.name, "us-west-2", {"BatchSize": "8"}, str(LOCAL))
-        sm.describe_pipeline_execution(PipelineExecutionArn=arn)  # what --wait polls
-    sent.add("sagemaker:ListPipelineExecutionSteps")  # --wait; moto lacks it, so it cannot be recorded
-    assert {"iam:GetRole", "ecr:DescribeImages", "sagemaker:CreatePipeline", "sagemaker:UpdatePipeline",
-            "sagemaker:StartPipelineExecution"} <= sent
-    doc = policy("deployer-policy.json")
-    assert {a for a in sent if not allowed(doc, a)} == set()
-    assert allowed(doc, "iam:PassRole")  # CreatePipeline passes the role
 
 
 def test_every_placeholder_is_documented():
