@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import boto3
 
-from pipeline.aws import cli_main
+from pipeline.aws import UserError, cli_main
+from pipeline.checks import problems
 from pipeline.config import load
 from steps.config import PipelineConfig, RunConfig
 from steps.platform.versions import require_training_session_sdk
@@ -50,13 +51,16 @@ def _prepare_offline_env(region: str) -> None:
 
 
 def build_definition(cfg: PipelineConfig, run: RunConfig) -> dict[str, Any]:
-    """The pipeline definition as a dict, built without touching AWS."""
+    """The pipeline definition as a dict, built without touching AWS; refused if SageMaker would refuse it."""
     region = run.session.region or OFFLINE_REGION
     _prepare_offline_env(region)
     from pipeline.pipeline import get_pipeline, make_session  # needs the region set above
 
     session = make_session(region, cfg.default_bucket, offline_boto_session(region))
-    return json.loads(get_pipeline(cfg, run, session=session).definition())
+    definition = json.loads(get_pipeline(cfg, run, session=session).definition())
+    if found := problems(definition):  # see pipeline/checks.py: what SageMaker checks, checked offline
+        raise UserError("SageMaker would refuse this pipeline definition:\n  " + "\n  ".join(found))
+    return definition
 
 
 def write_definition(config: str | Path, out: str | Path) -> Path:
