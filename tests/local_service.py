@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 
 from local.training_session.faults import Faults
-from local.training_session.control_plane import base_model_arn
+from local.training_session.responses import base_model_arn
 from local.training_session.server import RunningService, start_service
 
 REGION = "us-west-2"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy.tokenizer import ToyTokenizer
 from steps.gsm8k.answer import extract_answer, gold_answer
 from steps.gsm8k.prompt import INSTRUCTION, build_messages, render_prompt
 from steps.gsm8k.reward import Grade, RewardShaping, grade, overlong_penalty, reward

@@ -1,4 +1,8 @@
-"""The local service's numpy policy: losses, gradients, Adam, sampling, and that RL really teaches it."""
+"""The local service's numpy policy: losses, gradients, Adam, sampling, and that RL really teaches it.
+
+The policy takes validated arguments: the service refuses bad requests before
+they reach it (tests/test_service_validation.py).
+"""
 from __future__ import annotations
 
 import re
@@ -7,10 +11,10 @@ import numpy as np
 import pytest
 
 from local import toy_data
-from local.training_session import model as M
-from local.training_session.adam import LR_SCALE, AdamState, adam_step
-from local.training_session.policy import AdamConfig, DatumArrays, LossInputError, Policy
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy import model as M
+from local.training_session.toy.adam import LR_SCALE, AdamConfig, AdamState, adam_step
+from local.training_session.toy.policy import DatumArrays, Policy
+from local.training_session.toy.tokenizer import ToyTokenizer
 
 TOK = ToyTokenizer()
 INSTRUCTION = "Solve the problem. Write the final answer as #### followed by the number."
@@ -19,7 +23,8 @@ RL_LEARNING_RATE = 0.006  # the value config/local.yaml uses (x LR_SCALE = 0.03 
 
 
 def prompt_tokens(question: str) -> list[int]:
-    return TOK.apply_chat_template([{"role": "user", "content": question + "\n" + INSTRUCTION}], add_generation_prompt=True)
+    return TOK.apply_chat_template([{"role": "user", "content": question + "\n" + INSTRUCTION}],
+                                   add_generation_prompt=True)
 
 
 def extract(completion: str) -> str | None:
@@ -171,47 +176,7 @@ def test_gradients_accumulate_until_optim_step_and_forward_adds_none():
     assert not policy.gradient().any()
 
 
-# ---- validation ------------------------------------------------------------------
-
-
-def _good_datum() -> DatumArrays:
-    return rl_datum(PROMPT, ANSWER, [-0.1] * len(ANSWER), 0.5)
-
-
-def _with(key: str, value) -> DatumArrays:
-    inputs = dict(_good_datum().inputs)
-    if value is None:
-        del inputs[key]
-    else:
-        inputs[key] = value
-    return DatumArrays(_good_datum().tokens, inputs)
-
-
-@pytest.mark.parametrize("bad, loss_fn, config, expected", [
-    (_with("advantages", None), "ppo", None, ["datum[1]", "advantages"]),
-    (_with("weights", np.ones(3)), "cross_entropy", None, ["datum[1]", "'weights'", "3"]),
-    (_with("target_tokens", np.full(len(_good_datum().tokens), 10_000)), "ppo", None, ["datum[1]", "target_tokens", "10000"]),
-    (_with("values", np.zeros(len(_good_datum().tokens))), "ppo", None, ["datum[1]", "'values'"]),
-    (_with("weights", np.array(["a"] * len(_good_datum().tokens))), "ppo", None, ["datum[1]", "'weights'", "numbers"]),
-    (_with("logprobs", np.full(len(_good_datum().tokens), np.nan)), "ppo", None, ["datum[1]", "'logprobs'", "NaN"]),
-    (_good_datum(), "ppo", {"clip_low_threshold": 0.0}, ["clip_low_threshold", "(0, 1]"]),
-    (_good_datum(), "ppo", {"clip_low_threshold": 0.2, "clip_high_threshold": 0.2}, ["clip_high_threshold", "[1, 10]"]),
-    (_good_datum(), "ppo", {"clip_high_threshold": 11}, ["clip_high_threshold", "[1, 10]"]),
-    (_good_datum(), "ppo", {"epsilon": 0.2}, ["'epsilon'"]),
-    (_good_datum(), "dpo", None, ["'dpo'", "cross_entropy"]),
-])
-def test_bad_requests_are_refused_naming_datum_and_key(bad, loss_fn, config, expected):
-    policy = Policy.base()
-    with pytest.raises(LossInputError) as err:
-        policy.forward_backward([_good_datum(), bad], loss_fn, config)
-    for part in expected:
-        assert part in str(err.value)
-    assert not policy.gradient().any()  # nothing accumulated from the refused request
-
-
-def test_an_empty_request_is_refused():
-    with pytest.raises(LossInputError, match="no datums"):
-        Policy.base().forward_backward([], "ppo", None)
+# ---- clip bounds ------------------------------------------------------------------
 
 
 def test_clip_bounds_default_to_ppo_epsilon_point_two():
@@ -329,12 +294,12 @@ def test_top_k_one_is_greedy():
         [policy.sample(PROMPT, 1, 512, temperature=0)[0].tokens] * 4
 
 
-@pytest.mark.parametrize("kwargs, name", [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
-                                          ({"num_samples": 0}, "num_samples"), ({"top_k": 0}, "top_k")])
-def test_bad_sampling_parameters_are_named(kwargs, name):
-    args = {"num_samples": 1, "max_tokens": 512, **kwargs}
-    with pytest.raises(ValueError, match=name):
-        Policy.base().sample(PROMPT, **args)
+def test_a_negative_seed_is_a_seed_of_its_own():
+    """The API's seed is a signed 32-bit Integer: negative seeds sample, reproducibly."""
+    policy = Policy.base()
+    draws = {seed: policy.sample(PROMPT, 16, 512, temperature=1.0, seed=seed) for seed in (-7, 7, -(2**31), 2**31 - 1)}
+    assert policy.sample(PROMPT, 16, 512, temperature=1.0, seed=-7) == draws[-7]
+    assert len({tuple(tuple(s.tokens) for s in seqs) for seqs in draws.values()}) == len(draws)
 
 
 def test_a_sampler_copy_does_not_change_when_the_trainer_steps():
@@ -351,7 +316,8 @@ def test_a_sampler_copy_does_not_change_when_the_trainer_steps():
 
 def test_base_model_answers_in_format_briefly_and_mostly_wrong():
     rows = toy_data.generate_rows(200, seed=123)
-    completions = [s for i, row in enumerate(rows) for s in Policy.base().sample(prompt_tokens(row["question"]), 1, 512, seed=i)]
+    completions = [s for i, row in enumerate(rows)
+                   for s in Policy.base().sample(prompt_tokens(row["question"]), 1, 512, seed=i)]
     assert max(len(s.tokens) for s in completions) <= 6
     assert np.mean([TOK.decode(s.tokens).startswith("####") for s in completions]) > 0.9
     assert 0.05 <= accuracy(Policy.base(), rows, temperature=1.0) <= 0.30

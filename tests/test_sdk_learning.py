@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from local.toy_data import generate_rows
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy.tokenizer import ToyTokenizer
 from steps.gsm8k.answer import gold_answer
 from steps.gsm8k.prompt import render_prompt
 from steps.gsm8k.reward import grade

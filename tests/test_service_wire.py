@@ -26,9 +26,15 @@ from sagemaker.train.training_session.exceptions import is_retryable
 
 from local.training_session.faults import Faults
 from local.training_session.server import start_service
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy.tokenizer import ToyTokenizer
 from tests.local_service import (
-    BASE_MODEL_ARN, ENDPOINT_ENV_VARS, REGION, ROLE_ARN, S3_OUTPUT_PATH, client_kwargs, group_arn,
+    BASE_MODEL_ARN,
+    ENDPOINT_ENV_VARS,
+    REGION,
+    ROLE_ARN,
+    S3_OUTPUT_PATH,
+    client_kwargs,
+    group_arn,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,7 +270,7 @@ def test_clip_bound_out_of_range_is_a_validation_error(service_client):
             tc.forward_backward([tokens], "ppo", loss_fn_inputs=inputs,
                                 loss_fn_config={"clip_low_threshold": 1.5, "clip_high_threshold": 2.0}).result()
     assert error_code(excinfo) == "ValidationException"
-    assert "clip_low_threshold=1.5" in str(excinfo.value)
+    assert "operationConfig.forwardBackward.lossFnConfig.clip_low_threshold: 1.5 is out of range" in str(excinfo.value)
     assert not is_retryable(excinfo.value)
 
 
@@ -279,11 +285,14 @@ def test_unknown_base_model_is_a_validation_error_naming_the_supported_one(servi
 N_TOKENS = len(ce_datum()[0])
 
 
+DATUM = "operationConfig.forwardBackward.datumList[0].lossFnInputs"
+
+
 @pytest.mark.parametrize("break_inputs, expected", [
-    (lambda i: {"target_tokens": i["target_tokens"]}, "missing ['weights']"),
+    (lambda i: {"target_tokens": i["target_tokens"]}, f"{DATUM}: is missing ['weights']"),
     (lambda i: {**i, "weights": i["weights"][:-1]},
-     f"has {N_TOKENS - 1} values but modelInput has {N_TOKENS} tokens"),
-    (lambda i: {**i, "labels": i["weights"]}, "unsupported keys ['labels']"),
+     f"{DATUM}['weights']: has {N_TOKENS - 1} values but modelInput has {N_TOKENS} tokens"),
+    (lambda i: {**i, "labels": i["weights"]}, f"{DATUM}: has unsupported keys ['labels']"),
 ])
 def test_bad_loss_inputs_are_rejected_at_submit(local_service, break_inputs, expected):
     name, rt = raw_session(local_service.url), runtime_client(local_service.url)
@@ -354,7 +363,8 @@ def test_operations_behind_a_rejected_one_fail_with_its_reason(service_client):
             step.result()
         assert error_code(rejected) == "ValidationException"
         with pytest.raises(OperationError, match=r"sequence number 2 was rejected at submit \(ValidationException: "
-                                                 r"adamParamsConfig.learningRate=0.05"):
+                                                 r"1 validation error detected: operationConfig.optimizerStep."
+                                                 r"adamParamsConfig.learningRate: 0.05 is outside"):
             save.result()
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from local import toy_data
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy.tokenizer import ToyTokenizer
 
 QUESTION_RE = re.compile(
     r"(?P<name>[A-Z][a-z]+) has (?P<a>\d+) (?P<obj>[a-z]+) and (?P<phrase>[a-z ]+?) ?(?P<b>\d+)(?: more)?\. "

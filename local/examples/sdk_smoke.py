@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from sagemaker.train.training_session import ServiceClient
 
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy.tokenizer import ToyTokenizer
 
 REGION = os.environ.get("AWS_REGION", "us-west-2")
 ACCOUNT = "123456789012"

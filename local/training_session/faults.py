@@ -6,18 +6,29 @@ that dies part-way through a run. Every rate draws from one seeded RNG, so a
 run with a given seed and a single client sees the same faults every time
 (rates of 0.0 and 1.0 are deterministic regardless).
 
+Faults wrap the service's dispatch, they do not live in its state:
+:func:`throttled` wraps the dispatch of a runtime submit, and
+:meth:`FaultInjector.wrap` wraps every operation's runner (it may fail, and a
+session dies once it has run enough). The latency setting is the service's
+timing, read by the operation scheduler in ``models``.
+
 Settable three ways, all validated the same: CLI flags (``__main__``),
 environment variables (:data:`ENV_VARS`), and ``POST /_admin/faults``.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import random
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+from local.training_session import responses
+from local.training_session.models import Runner, ServiceError, Session, TrainingSessionBackend
 
 #: Environment variable for each field; read by :meth:`Faults.from_env`.
 ENV_VARS = {
@@ -116,6 +127,8 @@ class FaultInjector:
 
     def __init__(self, faults: Faults | None = None) -> None:
         self._lock = threading.Lock()
+        # Operations each session has run, for fail_session_after; forgotten with the session.
+        self._ops_run: weakref.WeakKeyDictionary[Session, int] = weakref.WeakKeyDictionary()
         self.set(faults or Faults())
 
     def set(self, faults: Faults) -> None:
@@ -152,7 +165,23 @@ class FaultInjector:
             self._injected["throttled"] += 1
             return True
 
-    def fail_operation(self, training: bool = True) -> bool:
+    def wrap(self, runner: Runner, training: bool) -> Runner:
+        """``runner`` as the faults would run it: it may end Failed, and the session
+        dies once it has run ``fail_session_after`` operations (this one counted)."""
+
+        def run(session: Session) -> dict[str, Any]:
+            try:
+                if self._fail_operation(training):
+                    raise ServiceError("InternalServerError", "injected operation failure")
+                return runner(session)
+            finally:
+                ran = self._count_run(session)
+                limit = self._faults.fail_session_after
+                if limit is not None and ran >= limit:
+                    session.fail(f"injected fault: session failed after {ran} operations")
+        return run
+
+    def _fail_operation(self, training: bool) -> bool:
         """Whether the operation about to run should end ``Failed``."""
         with self._lock:
             f = self._faults
@@ -162,7 +191,22 @@ class FaultInjector:
             self._injected["failed"] += fail
             return fail
 
-    def session_dies_after(self, operations_run: int) -> bool:
-        """Whether a session that has run ``operations_run`` operations now fails."""
-        limit = self._faults.fail_session_after
-        return limit is not None and operations_run >= limit
+    def _count_run(self, session: Session) -> int:
+        with self._lock:
+            self._ops_run[session] = self._ops_run.get(session, 0) + 1
+            return self._ops_run[session]
+
+
+Dispatch = Callable[[TrainingSessionBackend, responses.Request], responses.Response]
+
+
+def throttled(dispatch: Dispatch) -> Dispatch:
+    """``dispatch`` of a runtime submit that may first answer 429 ThrottlingException,
+    as a loaded service does; the SDK retries it (the same path and body)."""
+
+    def dispatch_or_throttle(backend: TrainingSessionBackend, request: responses.Request) -> responses.Response:
+        if backend.injector.throttle(request.path + hashlib.sha256(request.raw).hexdigest()):
+            return responses.error_response(request.service, ServiceError(
+                "ThrottlingException", "Rate exceeded (injected fault)", 429))
+        return dispatch(backend, request)
+    return dispatch_or_throttle

@@ -1,44 +1,73 @@
-"""HTTP front of the local training-session service: one port, both planes.
+"""HTTP transport of the local training-session service: one port, both planes.
 
-* Control plane (:mod:`control_plane`): ``POST /`` with ``X-Amz-Target:
-  SageMaker.<Op>``; errors are HTTP 400 ``{"__type", "message"}``.
-* Runtime (:mod:`runtime`): rest-json under ``/v1/training-sessions/{name}/...``;
-  errors carry their status, an ``x-amzn-ErrorType`` header and ``{"message"}``.
-* Admin (not AWS): ``GET /_admin/sessions``, ``GET|POST /_admin/faults``.
+Transport only: it reads a request, finds its route in the tables below, hands it
+to the route's dispatch (``responses``; runtime submits through the fault
+injector's :func:`~local.training_session.faults.throttled`), records the answer
+in the backend's request log and writes it.
+
+* Control plane: ``POST /`` with ``X-Amz-Target: SageMaker.<Op>``.
+* Runtime: the method and ``requestUri`` of each operation in botocore's model,
+  e.g. ``POST /v1/training-sessions/{trainingSessionName}/operations``.
+* Admin (not AWS): ``GET /_admin/sessions``, ``GET|POST /_admin/faults``,
+  ``GET /_admin/requests`` (requests and errors per operation and kind).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
 import threading
 import uuid
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
-from local.training_session import runtime
-from local.training_session.control_plane import CONTROL_PLANE, Request
-from local.training_session.faults import Faults
-from local.training_session.state import GAP_TIMEOUT_S, ServiceState
-from local.training_session.wire import ServiceError, invalid
+from local.training_session import responses
+from local.training_session.faults import Dispatch, FaultInjector, Faults, throttled
+from local.training_session.models import GAP_TIMEOUT_S, POLL_HOLD_S, ServiceError, TrainingSessionBackend
+from local.training_session.responses import CONTROL_PLANE, RUNTIME, Request, Response
+from pipeline.shapes import service_model
 
 logger = logging.getLogger(__name__)
 
-#: Longest a result poll is held waiting for its operation (botocore's read timeout is 60 s).
-POLL_HOLD_S = 20.0
-_RUNTIME_PATH = re.compile(r"^/v1/training-sessions/(?P<name>[^/]+)/"
-                           r"(?P<plane>operations|sampling-operations)(?:/(?P<op>[^/]+))?$")
-_CREDENTIAL_REGION = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[\w-]+)/")
+
+@dataclass(frozen=True)
+class Route:
+    service: str
+    operation: str
+    dispatch: Dispatch
+
+
+@dataclass(frozen=True)
+class RuntimeRoute:
+    method: str
+    path: re.Pattern[str]  # named groups: the URI members
+    route: Route
+
+
+#: X-Amz-Target -> route.
+CONTROL_PLANE_ROUTES = {f"SageMaker.{op}": Route(CONTROL_PLANE, op, responses.dispatch)
+                        for op in responses.CONTROL_PLANE_OPERATIONS}
+
+
+def _runtime_route(operation: str) -> RuntimeRoute:
+    """The operation's method and path from botocore's model. A URI member matches an
+    empty segment too, so the model's length rule answers it rather than a 404."""
+    http = service_model(RUNTIME).operation_model(operation).http
+    path = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]*)", http["requestUri"]) + "$")
+    dispatch = throttled(responses.dispatch) if http["method"] == "POST" else responses.dispatch
+    return RuntimeRoute(http["method"], path, Route(RUNTIME, operation, dispatch))
+
+
+RUNTIME_ROUTES = tuple(_runtime_route(op) for op in responses.RUNTIME_OPERATIONS)
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # listen backlog: a sampling burst opens many connections at once
-    state: ServiceState
-    poll_hold_s: float
+    backend: TrainingSessionBackend
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -60,88 +89,90 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = urlsplit(self.path).path
+        backend = self.server.backend
         try:
-            if method == "POST" and path == "/":
-                self._control_plane(raw)
-            elif path.startswith("/_admin/"):
-                self._admin(method, path, raw)
-            else:
-                self._runtime(method, path, raw)
+            if path.startswith("/_admin/"):
+                return self._send(_admin(backend, method, path, raw))
+            routed = self._route(method, path, raw)
+            if isinstance(routed, Response):
+                return self._send(routed)
+            route, request = routed
+            response = route.dispatch(backend, request)
+            backend.requests.record(route.operation, request.kind, response.error_code)
+            self._send(response)
         except Exception as e:  # a bug here: answer 500 rather than drop the connection
             logger.exception("%s %s failed", method, path)
-            self._send(500, {"__type": "InternalFailure", "message": f"{type(e).__name__}: {e}"},
-                       error_type="InternalServerException")
+            self._send(Response(500, {"__type": "InternalFailure", "message": f"{type(e).__name__}: {e}"},
+                                error_code="InternalServerException"))
 
-    def _request(self, raw: bytes) -> Request:
-        try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            raise invalid("request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise invalid("request body must be a JSON object")
-        match = _CREDENTIAL_REGION.search(self.headers.get("Authorization") or "")
-        return Request(body=body, region=match["region"] if match else "us-west-2")
+    def _route(self, method: str, path: str, raw: bytes) -> tuple[Route, Request] | Response:
+        """The route and request, or the UnknownOperationException answer."""
+        authorization = self.headers.get("Authorization") or ""
+        if method == "POST" and path == "/":
+            target = self.headers.get("X-Amz-Target") or ""
+            route = CONTROL_PLANE_ROUTES.get(target)
+            if route is None:
+                return responses.error_response(CONTROL_PLANE, ServiceError(
+                    "UnknownOperationException", f"the local training-session service does not implement "
+                    f"{target or '(no X-Amz-Target)'}; it serves SageMaker."
+                    f"{{{', '.join(responses.CONTROL_PLANE_OPERATIONS)}}}"))
+            return route, Request(CONTROL_PLANE, route.operation, path, raw, authorization=authorization)
+        for runtime in RUNTIME_ROUTES:
+            match = runtime.path.match(path) if runtime.method == method else None
+            if match:
+                uri_params = {k: unquote(v) for k, v in match.groupdict().items()}
+                return runtime.route, Request(RUNTIME, runtime.route.operation, path, raw, uri_params, authorization)
+        return responses.error_response(RUNTIME, ServiceError(
+            "UnknownOperationException", f"no runtime operation at {method} {path}", 404))
 
-    def _control_plane(self, raw: bytes) -> None:
-        target = self.headers.get("X-Amz-Target") or ""
-        op = target.split(".", 1)[1] if target.startswith("SageMaker.") else target
-        try:
-            handler = CONTROL_PLANE.get(op)
-            if handler is None:
-                raise ServiceError("UnknownOperationException", f"the local training-session service does not "
-                                   f"implement {target or '(no X-Amz-Target)'}; it serves SageMaker."
-                                   f"{{{', '.join(CONTROL_PLANE)}}}")
-            payload = handler(self.server.state, self._request(raw))
-            self._send(200, payload, content_type="application/x-amz-json-1.1")
-        except ServiceError as e:
-            self._send(400, {"__type": e.code, "message": e.message}, content_type="application/x-amz-json-1.1")
-
-    def _runtime(self, method: str, path: str, raw: bytes) -> None:
-        state = self.server.state
-        try:
-            match = _RUNTIME_PATH.match(path)
-            if match is None or (method == "POST") == bool(match["op"]):
-                raise ServiceError("UnknownOperationException", f"no runtime operation at {method} {path}", 404)
-            session_name, training = unquote(match["name"]), match["plane"] == "operations"
-            if method == "GET":
-                payload = runtime.find_session(state, session_name).wait(
-                    unquote(match["op"]), training, self.server.poll_hold_s)
-            else:
-                # A retry resends the same path and body, so that pair identifies it.
-                if state.injector.throttle(path + hashlib.sha256(raw).hexdigest()):
-                    raise ServiceError("ThrottlingException", "Rate exceeded (injected fault)", 429)
-                body, session = self._request(raw).body, runtime.find_session(state, session_name)
-                submit = runtime.submit_training if training else runtime.submit_sampling
-                payload = submit(state, session, body)
-            self._send(200, payload)
-        except ServiceError as e:
-            self._send(e.status, {"message": e.message}, error_type=e.code)
-
-    def _admin(self, method: str, path: str, raw: bytes) -> None:
-        state = self.server.state
-        if method == "GET" and path == "/_admin/sessions":
-            return self._send(200, {"sessions": state.snapshot()})
-        if path == "/_admin/faults" and method == "POST":
-            try:
-                state.injector.set(Faults.from_mapping(json.loads(raw or b"{}")))
-            except (ValueError, TypeError) as e:
-                return self._send(400, {"message": str(e)}, error_type="ValidationException")
-        if path == "/_admin/faults":
-            return self._send(200, {"faults": state.injector.faults.to_dict(), "injected": state.injector.injected})
-        self._send(404, {"message": f"no admin route {method} {path}; try GET /_admin/sessions, "
-                                    "GET or POST /_admin/faults"}, error_type="UnknownOperationException")
-
-    def _send(self, status: int, payload: dict[str, Any], *, content_type: str = "application/json",
-              error_type: str | None = None) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
+    def _send(self, response: Response) -> None:
+        data = json.dumps(response.payload).encode()
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
-        if error_type:
-            self.send_header("x-amzn-ErrorType", error_type)
+        if response.error_code:
+            self.send_header("x-amzn-ErrorType", response.error_code)
         self.end_headers()
         self.wfile.write(data)
+
+
+# -- admin routes (not AWS) ---------------------------------------------------------------
+def _sessions(backend: TrainingSessionBackend, raw: bytes) -> Response:
+    return Response(200, {"sessions": backend.snapshot()})
+
+
+def _faults(backend: TrainingSessionBackend, raw: bytes) -> Response:
+    return Response(200, {"faults": backend.injector.faults.to_dict(), "injected": backend.injector.injected})
+
+
+def _set_faults(backend: TrainingSessionBackend, raw: bytes) -> Response:
+    try:
+        backend.injector.set(Faults.from_mapping(json.loads(raw or b"{}")))
+    except (ValueError, TypeError) as e:
+        return Response(400, {"message": str(e)}, error_code="ValidationException")
+    return _faults(backend, raw)
+
+
+def _requests(backend: TrainingSessionBackend, raw: bytes) -> Response:
+    return Response(200, {"requests": backend.requests.snapshot()})
+
+
+ADMIN_ROUTES: dict[tuple[str, str], Callable[[TrainingSessionBackend, bytes], Response]] = {
+    ("GET", "/_admin/sessions"): _sessions,
+    ("GET", "/_admin/faults"): _faults,
+    ("POST", "/_admin/faults"): _set_faults,
+    ("GET", "/_admin/requests"): _requests,
+}
+
+
+def _admin(backend: TrainingSessionBackend, method: str, path: str, raw: bytes) -> Response:
+    handler = ADMIN_ROUTES.get((method, path))
+    if handler is None:
+        known = ", ".join(f"{m} {p}" for m, p in ADMIN_ROUTES)
+        return Response(404, {"message": f"no admin route {method} {path}; try {known}"},
+                        error_code="UnknownOperationException")
+    return handler(backend, raw)
 
 
 class RunningService:
@@ -156,19 +187,20 @@ class RunningService:
         self._thread.start()
 
     @property
-    def state(self) -> ServiceState:
-        return self._httpd.state
+    def state(self) -> TrainingSessionBackend:
+        """The backend: sessions, model packages, fault injector, request log."""
+        return self._httpd.backend
 
     def set_faults(self, faults: Faults) -> None:
-        self._httpd.state.injector.set(faults)
+        self._httpd.backend.injector.set(faults)
 
     def sessions(self) -> list[dict[str, Any]]:
         """Name, status and operation counts of every session."""
-        return self._httpd.state.snapshot()
+        return self._httpd.backend.snapshot()
 
     def stop(self) -> None:
         self._httpd.shutdown()  # stop accepting; handler threads are daemons
-        self._httpd.state.close()  # release held polls and the session workers
+        self._httpd.backend.close()  # release held polls and the session workers
         self._httpd.server_close()
         self._thread.join()
 
@@ -184,6 +216,6 @@ def start_service(host: str = "127.0.0.1", port: int = 0, faults: Faults | None 
                   gap_timeout_s: float = GAP_TIMEOUT_S) -> RunningService:
     """Serve on ``host:port`` (0 picks a free port) until ``.stop()``."""
     httpd = _Server((host, port), _Handler)
-    httpd.state = ServiceState(faults, Path(state_dir) if state_dir else None, gap_timeout_s=gap_timeout_s)
-    httpd.poll_hold_s = poll_hold_s
+    httpd.backend = TrainingSessionBackend(FaultInjector(faults), Path(state_dir) if state_dir else None,
+                                           gap_timeout_s=gap_timeout_s, poll_hold_s=poll_hold_s)
     return RunningService(httpd)

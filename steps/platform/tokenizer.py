@@ -18,7 +18,7 @@ def load_tokenizer(name: str | None) -> Any:
     if not name:
         raise Refused("session.tokenizer is not set: name the base model's Hugging Face tokenizer id")
     if name == TOY:
-        from local.training_session.tokenizer import ToyTokenizer
+        from local.training_session.toy.tokenizer import ToyTokenizer
 
         return ToyTokenizer()
     try:

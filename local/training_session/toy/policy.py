@@ -3,7 +3,9 @@
 :class:`Policy` holds the parameters of the toy model (:mod:`.model`), the
 gradient accumulated since the last optimizer step, and the Adam state; it
 offers the operations the service exposes: forward, forward_backward,
-optim_step, sample, compute_logprobs, and state save/load.
+optim_step, sample, compute_logprobs, and state save/load. Its arguments arrive
+validated (the service checks every request first); it asserts only what its
+own maths needs.
 
 :meth:`Policy.base` is the deterministic "pretrained" model ``local-toy-arith``.
 It nearly always answers ``#### N <eos>``, but its arithmetic is vague (a low
@@ -20,12 +22,10 @@ from typing import Sequence
 import numpy as np
 
 from local import toy_data
-from local.training_session import model as M
-from local.training_session.adam import AdamConfig, AdamState, adam_step
-from local.training_session.losses import LossInputError, check_datum, check_loss_fn, summarize, token_loss
-from local.training_session.tokenizer import CONTROL, DIGIT_CONTINUATIONS
-
-__all__ = ["AdamConfig", "DatumArrays", "LossInputError", "Policy", "SampledSeq"]
+from local.training_session.toy import model as M
+from local.training_session.toy.adam import AdamConfig, AdamState, adam_step
+from local.training_session.toy.losses import LOSS_FNS, clip_bounds, summarize
+from local.training_session.toy.tokenizer import CONTROL, DIGIT_CONTINUATIONS
 
 
 @dataclass(frozen=True)
@@ -99,19 +99,21 @@ class Policy:
         return self._theta
 
     def _loss(self, theta: np.ndarray, datums: Sequence[DatumArrays], loss_fn: str, loss_fn_config: dict | None):
-        clip = check_loss_fn(loss_fn, loss_fn_config)
-        inputs = _validated_inputs(datums, loss_fn)
+        assert datums, "a loss needs at least one datum"
+        fn = LOSS_FNS[loss_fn]
+        clip = clip_bounds(loss_fn_config) if fn.uses_clip else None
+        inputs = [{k: np.asarray(v) for k, v in d.inputs.items()} for d in datums]
         params = M.unpack(theta)
         f = M.features([np.asarray(d.tokens, dtype=np.int64) for d in datums])
         targets = np.concatenate([x["target_tokens"] for x in inputs]).astype(np.int64)
         # Optional per-token temperature: p is scored at the temperature the token was sampled at.
         temps = np.concatenate([x.get("temperature", np.ones(len(x["weights"]))) for x in inputs]).astype(np.float64)
-        temps = np.where(temps > 0, temps, 1.0)  # validation allows <= 0 only where the weight is 0
+        temps = np.where(temps > 0, temps, 1.0)  # the service allows <= 0 only where the weight is 0
         logp_all = M.log_softmax(M.logits(params, f) / temps[:, None])
         logp = logp_all[np.arange(len(targets)), targets]
         ends = np.cumsum([len(x["weights"]) for x in inputs])
         per_datum_p = np.split(logp, ends[:-1])
-        losses = [token_loss(loss_fn, p, x, clip) for p, x in zip(per_datum_p, inputs)]
+        losses = [fn.per_token(p, x, clip) for p, x in zip(per_datum_p, inputs)]
         metrics = summarize(loss_fn, losses, per_datum_p, inputs)
         outputs = [{"logprobs": p.tolist()} for p in per_datum_p]
 
@@ -139,17 +141,22 @@ class Policy:
         sequence ends at ``<eos>`` (included; reason "stop"), once a ``stop``
         string appears in its decoded text (reason "stop"; the token that
         completed it included), or after ``max_tokens`` tokens ("length").
+        ``seed`` is any 32-bit signed integer (the API's ``Integer``), negative ones too.
         """
-        prompt = _check_sampling_args(prompt, num_samples, max_tokens, temperature, top_k, top_p)
+        prompt = _token_ids(prompt)
+        assert num_samples >= 1 and max_tokens >= 1, (num_samples, max_tokens)
         temperature = 1.0 if temperature is None else float(temperature)
-        rng = np.random.default_rng(seed)  # per call: concurrent samplers share no RNG state
+        # numpy seeds must be >= 0: fold the API's signed 32-bit seed onto [0, 2**32)
+        # one to one, so -1 and 1 stay different streams. Per call: concurrent
+        # samplers share no RNG state.
+        rng = np.random.default_rng(None if seed is None else seed % 2**32)
         params = M.unpack(self._theta)  # one snapshot, even if a training step swaps the weights
         return [_sample_one(params, prompt, max_tokens, temperature, top_k, top_p, rng, list(stop or ()))
                 for _ in range(num_samples)]
 
     def compute_logprobs(self, prompt: Sequence[int]) -> list[float | None]:
         """Logprob of each prompt token given the tokens before it (None for the first)."""
-        tokens = np.asarray(_check_prompt(prompt), dtype=np.int64)
+        tokens = np.asarray(_token_ids(prompt), dtype=np.int64)
         if len(tokens) == 1:
             return [None]
         z = M.logits(M.unpack(self._theta), M.features([tokens[:-1]]))
@@ -185,43 +192,15 @@ class Policy:
         return cls(np.asarray(state["params"]), adam)
 
 
-def _validated_inputs(datums: Sequence[DatumArrays], loss_fn: str) -> list[dict[str, np.ndarray]]:
-    if not datums:
-        raise LossInputError("the request has no datums; send at least one")
-    inputs = []
-    for i, d in enumerate(datums):
-        x = {k: np.asarray(v) for k, v in d.inputs.items()}
-        check_datum(i, np.asarray(d.tokens), x, loss_fn, M.VOCAB_SIZE)
-        inputs.append(x)
-    return inputs
-
-
 def _read_only(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
 
 
-def _check_prompt(prompt: Sequence[int]) -> list[int]:
+def _token_ids(prompt: Sequence[int]) -> list[int]:
     tokens = [int(t) for t in prompt]
-    if not tokens:
-        raise ValueError("prompt must be a non-empty list of token ids")
-    for i, t in enumerate(tokens):
-        if not 0 <= t < M.VOCAB_SIZE:
-            raise ValueError(f"prompt token {i} = {t} is not a token id of this model (0..{M.VOCAB_SIZE - 1})")
+    assert tokens and all(0 <= t < M.VOCAB_SIZE for t in tokens), "a prompt of this model's token ids"
     return tokens
-
-
-def _check_sampling_args(prompt, num_samples, max_tokens, temperature, top_k, top_p) -> list[int]:
-    for name, value, ok, rule in (
-        ("num_samples", num_samples, num_samples >= 1, ">= 1"),
-        ("max_tokens", max_tokens, max_tokens >= 1, ">= 1"),
-        ("temperature", temperature, temperature is None or temperature >= 0, ">= 0 (0 is greedy)"),
-        ("top_k", top_k, top_k is None or top_k == -1 or top_k >= 1, ">= 1, or -1 for off"),
-        ("top_p", top_p, top_p is None or 0 < top_p <= 1, "in (0, 1]"),
-    ):
-        if not ok:
-            raise ValueError(f"sampling parameter {name}={value!r} must be {rule}")
-    return _check_prompt(prompt)
 
 
 def _sample_one(p: M.Params, prompt: list[int], max_tokens: int, temperature: float, top_k: int | None,

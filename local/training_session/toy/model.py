@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from local.training_session.tokenizer import ToyTokenizer
+from local.training_session.toy.tokenizer import ToyTokenizer
 
 TOKENIZER = ToyTokenizer()
 VOCAB_SIZE = TOKENIZER.vocab_size

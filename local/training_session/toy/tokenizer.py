@@ -116,7 +116,8 @@ class ToyTokenizer:
 
     def _token(self, token_id: int) -> str:
         if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the {BASE_MODEL_NAME} vocabulary (0..{self.vocab_size - 1})")
+            raise ValueError(f"token id {token_id} is outside the {BASE_MODEL_NAME} vocabulary "
+                             f"(0..{self.vocab_size - 1})")
         return VOCAB[token_id]
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 # The API caps learning_rate at 0.01 (botocore's model), a range sized for an
 # LLM's LoRA weights. The toy policy's weights live on a larger scale, so its
 # optimizer multiplies the rate by this constant: the same as training
@@ -43,7 +42,8 @@ class AdamConfig:
             "eps": (self.eps > 0, "must be > 0"),
             "weight_decay": (self.weight_decay >= 0, "must be >= 0"),
             "grad_clip_norm": (self.grad_clip_norm is None or self.grad_clip_norm > 0, "must be > 0 or unset"),
-            "lora_plus_lr_ratio": (self.lora_plus_lr_ratio is None or self.lora_plus_lr_ratio > 0, "must be > 0 or unset"),
+            "lora_plus_lr_ratio": (self.lora_plus_lr_ratio is None or self.lora_plus_lr_ratio > 0,
+                                   "must be > 0 or unset"),
         }
         for name, (ok, rule) in checks.items():
             value = getattr(self, name)
