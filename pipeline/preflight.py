@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator, Mapping, TypeVar
 
 import boto3
 from botocore.exceptions import ClientError
@@ -50,6 +50,7 @@ _ECR_IMAGE = re.compile(
     r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)(?::(?P<tag>[^@]+))?(?:@(?P<digest>.+))?$"
 )
 _DENIED = ("AccessDenied", "AccessDeniedException")
+T = TypeVar("T")
 
 
 def before_deploy(session: boto3.Session, run: RunConfig, source: str) -> None:
@@ -169,22 +170,29 @@ def trusts_sagemaker(trust_policy: dict[str, Any]) -> bool:
     return False
 
 
+def _read(call: Callable[[], T], absent: Mapping[str, str], what: str, permission: str) -> T | None:
+    """The read's answer; a refusal when its error code says the thing is absent (``absent`` maps code ->
+    message); None, with a note, when the caller may not read it."""
+    try:
+        return call()
+    except ClientError as exc:
+        if _code(exc) in absent:
+            raise UserError(absent[_code(exc)]) from None
+        _note_if_denied(exc, what, permission)
+        return None
+
+
 def check_role(session: boto3.Session, role_arn: str, setting: str) -> None:
     name = role_arn.rsplit("/", 1)[-1]
-    try:
-        role = session.client("iam").get_role(RoleName=name)["Role"]
-    except ClientError as exc:
-        if _code(exc) == "NoSuchEntity":
-            raise UserError(
-                f"{setting}: role {role_arn} does not exist; create it as described in config/iam/README.md"
-            ) from None
-        _note_if_denied(exc, f"that {role_arn} exists", "iam:GetRole")
-        return
+    missing = f"{setting}: role {role_arn} does not exist; create it as described in config/iam/README.md"
+    role = _read(lambda: session.client("iam").get_role(RoleName=name)["Role"], {"NoSuchEntity": missing},
+                 f"that {role_arn} exists", "iam:GetRole")
     # botocore decodes the URL-encoded AssumeRolePolicyDocument into a dict.
-    if not trusts_sagemaker(role["AssumeRolePolicyDocument"]):
+    if role is not None and not trusts_sagemaker(role["AssumeRolePolicyDocument"]):
         raise UserError(
             f"{setting}: role {role_arn} does not let {SAGEMAKER} assume it; give it config/iam/trust-policy.json "
-            f"(aws iam update-assume-role-policy --role-name {name} --policy-document file://build/iam/trust-policy.json)"
+            f"(aws iam update-assume-role-policy --role-name {name} "
+            "--policy-document file://build/iam/trust-policy.json)"
         )
 
 
@@ -194,14 +202,10 @@ def check_image(session: boto3.Session, image_uri: str) -> None:
     if not m:
         return
     image_id = {"imageDigest": m["digest"]} if m["digest"] else {"imageTag": m["tag"] or "latest"}
-    try:
-        session.client("ecr").describe_images(repositoryName=m["repo"], imageIds=[image_id])
-    except ClientError as exc:
-        if _code(exc) in ("RepositoryNotFoundException", "ImageNotFoundException"):
-            raise UserError(
-                f"'pipeline.image_uri': {image_uri} is not in ECR ({_code(exc)}); run 'make push-image'"
-            ) from None
-        _note_if_denied(exc, f"that {image_uri} exists", "ecr:DescribeImages")
+    absent = {code: f"'pipeline.image_uri': {image_uri} is not in ECR ({code}); run 'make push-image'"
+              for code in ("RepositoryNotFoundException", "ImageNotFoundException")}
+    _read(lambda: session.client("ecr").describe_images(repositoryName=m["repo"], imageIds=[image_id]), absent,
+          f"that {image_uri} exists", "ecr:DescribeImages")
 
 
 def _keys(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
@@ -212,16 +216,10 @@ def _keys(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
 def check_data(session: boto3.Session, uri: str, setting: str) -> None:
     """At least one ``.jsonl`` object under the prefix (the first page that has one ends the listing)."""
     bucket, _, prefix = uri[len("s3://"):].partition("/")
-    try:
-        found = any(key.endswith(".jsonl") for key in _keys(session.client("s3"), bucket, prefix))
-    except ClientError as exc:
-        if _code(exc) == "NoSuchBucket":
-            raise UserError(
-                f"{setting}: bucket {bucket} of {uri} does not exist; create it and run 'make data'"
-            ) from None
-        _note_if_denied(exc, f"the data under {uri}", "s3:ListBucket")
-        return
-    if not found:
+    absent = {"NoSuchBucket": f"{setting}: bucket {bucket} of {uri} does not exist; create it and run 'make data'"}
+    found = _read(lambda: any(key.endswith(".jsonl") for key in _keys(session.client("s3"), bucket, prefix)),
+                  absent, f"the data under {uri}", "s3:ListBucket")
+    if found is False:
         raise UserError(f"{setting}: no .jsonl object under {uri}; upload GSM8K JSONL there with 'make data'")
 
 
