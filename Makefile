@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 CONFIG ?= config/config.yaml
 PARAMS ?=
 WAIT ?=
+EXPERIMENT ?=
+YES ?=
 # `make pipeline-definition` works before config/config.yaml exists.
 DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
 IMAGE_NAME ?= dapo-steps
 IMAGE_TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: install test local-run pipeline-definition deploy-pipeline start-pipeline \
+.PHONY: install test local-run pipeline-definition deploy-pipeline start-pipeline sessions stop-orphans \
         build-image push-image data bench clean
 
 install: $(STAMP)
@@ -36,9 +38,19 @@ pipeline-definition: install
 deploy-pipeline: install
 	$(BIN)/python -m pipeline.deploy --config $(CONFIG)
 
-# PARAMS="BatchSize=64 MaxSteps=30" overrides parameters; WAIT=1 follows the execution.
+# PARAMS="BatchSize=64 MaxSteps=30" overrides parameters; WAIT=1 follows the execution;
+# EXPERIMENT=name logs this execution to that MLflow experiment (needs pipeline.mlflow_tracking_arn).
 start-pipeline: install
-	$(BIN)/python -m pipeline.start --config $(CONFIG) $(foreach p,$(PARAMS),--param $(p)) $(if $(WAIT),--wait)
+	$(BIN)/python -m pipeline.start --config $(CONFIG) $(foreach p,$(PARAMS),--param $(p)) \
+		$(if $(EXPERIMENT),--mlflow-experiment $(EXPERIMENT)) $(if $(WAIT),--wait)
+
+# The pipeline's training sessions: owner job, attempt, status, age.
+sessions: install
+	$(BIN)/python -m pipeline.sessions --config $(CONFIG)
+
+# Stops the Running sessions whose owning job is not running, after one question (YES=1 skips it).
+stop-orphans: install
+	$(BIN)/python -m pipeline.sessions --config $(CONFIG) --stop-orphans $(if $(YES),--yes)
 
 # Needs Docker (not run in CI).
 build-image: install

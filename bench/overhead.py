@@ -28,6 +28,7 @@ from typing import Any, Callable
 from sagemaker.train.training_session._utils import batch_to_datum_list, chunk_datum_list
 
 from bench.roundtrip import LOCAL_CONFIG
+from local.training_session.toy.tokenizer import HF_FILES
 from steps.config import load_config
 from steps.dapo.batch import build_datums, train_samples
 from steps.dapo.sampling import Group, Rollout
@@ -76,7 +77,7 @@ def cpu_seconds(fn: Callable[[], Any]) -> float:
 
 
 def measure() -> dict[str, Any]:
-    tok = load_tokenizer("toy")
+    tok = load_tokenizer(None, None, HF_FILES)
     cfg = load_config(LOCAL_CONFIG).dapo
     groups = synthetic_groups(tok)
     rollouts = [r for g in groups for r in g.rollouts]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from local.training_session.faults import Faults
+from local.training_session.toy.tokenizer import HF_FILES
 from steps.dapo import metrics as metrics_io
 from steps.config import load_config
 from steps.dapo.loop import Trainer
@@ -90,7 +91,7 @@ def run(spec: RunSpec, client: Any, examples: Sequence[Example], workdir: Path) 
     stamps: list[tuple[float, str]] = []
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
     log = metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: stamps.append((time.monotonic(), line)))
-    trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"),
+    trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=load_tokenizer(None, None, HF_FILES),
                       train_examples=examples, eval_examples=[], metrics=log, checkpoint_dir=workdir / "ckpt",
                       grader=scripted_grader(spec.keep, spec.group_size))
     cpu0, wall0 = time.process_time(), time.monotonic()

@@ -1,8 +1,9 @@
 """The local training-session service in its own process, for benchmarks.
 
 A separate process, as a real service would be: its numpy work and HTTP
-handling do not compete with the client for the client's GIL. Faults (the
-injected latency) are changed between runs through ``POST /_admin/faults``.
+handling do not compete with the client for the client's GIL. Its cost model is
+set between runs through ``POST /_admin/costs`` (sessions keep the settings they
+were created with) and read through ``GET /_admin/costs``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
-from local.training_session.faults import Faults
+from local.training_session.costs import Costs
 
 ENDPOINT_ENV_VARS = ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT")
 # Dummy credentials: the SDK signs requests, the local service ignores the signature.
@@ -26,10 +27,17 @@ class Service:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def set_faults(self, faults: Faults) -> None:
-        request = urllib.request.Request(f"{self.url}/_admin/faults", data=json.dumps(faults.to_dict()).encode())
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            resp.read()
+    def set_costs(self, costs: Costs) -> None:
+        self._admin("costs", costs.to_dict())
+
+    def costs(self) -> dict:
+        """The cost model's settings and each costed session's simulated clock and GPU use."""
+        return self._admin("costs")
+
+    def _admin(self, route: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/_admin/{route}", data=data), timeout=10) as r:
+            return json.loads(r.read())
 
 
 @contextmanager

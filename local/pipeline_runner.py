@@ -8,7 +8,9 @@ second hand-wired copy:
   the `ContainerEntrypoint` + `ContainerArguments`, upload each output.
 - Training: download the channels, write hyperparameters.json, run the image's
   `train` command under the SageMaker training contract (SM_* variables),
-  sync the checkpoint dir, upload `model.tar.gz`.
+  sync the checkpoint dir, upload `model.tar.gz`. While it runs, the job is in
+  the register of running jobs (`<workdir>/jobs`, DAPO_LOCAL_JOBS_DIR) that
+  stands in for ListTrainingJobs when TrainDAPO looks for orphaned sessions.
 - Condition: evaluate the conditions (Parameters, step properties, JsonGet on
   property files) and run the chosen branch.
 - Fail: stop the execution with the resolved error message.
@@ -26,6 +28,8 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from steps.platform.ownership import ENV_LOCAL_JOBS, LocalJobs
 
 # What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh).
 IMAGE_COMMANDS = {"train": [sys.executable, "-m", "steps.train"]}
@@ -88,6 +92,7 @@ class LocalExecution:
     workdir: Path
     env: dict[str, str]
     execution_id: str
+    pipeline_name: str
     on_line: Callable[[str, str], None] = lambda step, line: None  # streamed step output
     on_status: Callable[[StepRecord], None] = lambda rec: None
     records: dict[str, StepRecord] = field(default_factory=dict)
@@ -119,7 +124,7 @@ class LocalExecution:
         if head == "Parameters":
             return self.values[rest]
         if head == "Execution":
-            return {"PipelineExecutionId": self.execution_id, "PipelineName": "local",
+            return {"PipelineExecutionId": self.execution_id, "PipelineName": self.pipeline_name,
                     "PipelineExecutionArn": f"arn:local:pipeline-execution/{self.execution_id}"}[rest]
         if head == "Steps":
             step, _, path = rest.partition(".")
@@ -222,7 +227,7 @@ class LocalExecution:
             self._container_path(rec, out["S3Output"]["LocalPath"]).mkdir(parents=True, exist_ok=True)
         app = args["AppSpecification"]
         cmd = [sys.executable if a == "python" else a for a in app["ContainerEntrypoint"]]
-        self._exec(rec, cmd + self._map_args(rec, app.get("ContainerArguments", [])), {})
+        self._exec(rec, cmd + self._map_args(rec, app.get("ContainerArguments", [])), args.get("Environment", {}))
         for out in outputs:
             self._upload(self._container_path(rec, out["S3Output"]["LocalPath"]), out["S3Output"]["S3Uri"])
 
@@ -230,8 +235,8 @@ class LocalExecution:
         args = self.resolve(step["Arguments"])
         job = f"{rec.name}-{self.execution_id}"
         root = self._container_path(rec, "/opt/ml")
-        env = {"SM_MODEL_DIR": str(root / "model"), "SM_OUTPUT_DATA_DIR": str(root / "output/data"),
-               "SM_TRAINING_JOB_NAME": job}
+        env = {**args.get("Environment", {}), "SM_MODEL_DIR": str(root / "model"),
+               "SM_OUTPUT_DATA_DIR": str(root / "output/data"), "SM_TRAINING_JOB_NAME": job, "TRAINING_JOB_NAME": job}
         for ch in args.get("InputDataConfig", []):
             local = root / "input/data" / ch["ChannelName"]
             self._download(ch["DataSource"]["S3DataSource"]["S3Uri"], local)
@@ -244,8 +249,11 @@ class LocalExecution:
         if ckpt:
             self._download(ckpt["S3Uri"], ckpt_dir)
         cmd = IMAGE_COMMANDS["train"] + ["--hyperparameters", str(hp), "--checkpoint-dir", str(ckpt_dir)]
+        jobs = LocalJobs(self.workdir / "jobs")
+        env[ENV_LOCAL_JOBS] = str(jobs.directory)
         try:
-            self._exec(rec, cmd, env)
+            with jobs.running(job):
+                self._exec(rec, cmd, env)
         finally:
             if ckpt:  # SageMaker syncs checkpoints whether or not the job succeeded
                 self._upload(ckpt_dir, ckpt["S3Uri"])

@@ -1,7 +1,9 @@
-"""The artifacts of a local run: reports copied out of the step work dirs, curves.png, a summary."""
+"""The artifacts of a local run: reports copied out of the step work dirs, curves.png, the local MLflow
+store, the model package's registry entry, a summary."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,28 @@ ARTIFACTS = {
 }
 
 
+MLFLOW_DB = "mlflow.db"
+
+
+def mlflow_store(runs_dir: Path, experiment: str) -> str:
+    """The local MLflow store every local run logs to (``runs/mlflow.db``, artifacts in ``runs/mlartifacts/``),
+    so runs with different parameters sit side by side in one experiment; returns its tracking URI.
+
+    The experiment is created here, as a tracking server is provisioned before a pipeline logs to it:
+    its artifact location beside the database (MLflow would otherwise use ./mlruns of the step's directory).
+    """
+    from mlflow.tracking import MlflowClient
+
+    for name in ("mlflow", "alembic"):  # their INFO lines on creating the database
+        logging.getLogger(name).setLevel(logging.WARNING)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{(runs_dir / MLFLOW_DB).resolve()}"
+    client = MlflowClient(tracking_uri=uri)
+    if client.get_experiment_by_name(experiment) is None:
+        client.create_experiment(experiment, artifact_location=(runs_dir / "mlartifacts").resolve().as_uri())
+    return uri
+
+
 def collect(workdir: Path, run_dir: Path) -> None:
     for name, step in ARTIFACTS.items():
         found = [p for p in (workdir / step).rglob(name) if "input" not in p.parts] if (workdir / step).exists() else []
@@ -24,6 +48,31 @@ def collect(workdir: Path, run_dir: Path) -> None:
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         plot_curves(metrics, run_dir / "curves.png")
+        run = _model(run_dir).get("mlflow")
+        if run:  # the curves join the evaluation's artifacts in the training run
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(tracking_uri=run["tracking_uri"]).log_artifact(run["run_id"], str(run_dir / "curves.png"))
+
+
+def registry_entry(run_dir: Path, env: dict[str, str]) -> dict[str, Any] | None:
+    """The trained model package as the registry describes it (status, description, metadata)."""
+    import boto3
+
+    arn = _model(run_dir).get("model_package_arn")
+    if not arn:
+        return None
+    sm = boto3.client("sagemaker", region_name=env["AWS_REGION"],
+                      endpoint_url=env["SAGEMAKER_TRAINING_SESSION_ENDPOINT"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    described = sm.describe_model_package(ModelPackageName=arn)
+    return {key: described.get(key) for key in
+            ("ModelPackageArn", "ModelApprovalStatus", "ApprovalDescription", "CustomerMetadataProperties")}
+
+
+def _model(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "model.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -42,13 +91,19 @@ def plot_curves(metrics: Path, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = [r["step"] for r in steps]
     ax.plot(x, [r["reward_mean"] for r in steps], label="reward mean (sampled)")
-    ax.plot(x, [r["accuracy"] for r in steps], label="accuracy (sampled, T=1)")
+    ax.plot(x, [r["accuracy"] for r in steps], label="accuracy, strict: the reward's (sampled, T=1)")
+    ax.plot(x, [r["accuracy_lenient"] for r in steps], label="accuracy, lenient (sampled, T=1)", linestyle="-.")
     ax.plot(x, [r["filtered_frac"] for r in steps], label="filtered fraction", linestyle="--")
     ax.plot(x, [r["filtered_all_wrong_frac"] for r in steps], label="filtered, all wrong", linestyle=":")
     base = metrics.parent / "evaluation_base.json"
     points = ([(0, _accuracy(base))] if base.exists() else []) + [(r["step"], r["accuracy"]) for r in evals]
     if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label="greedy eval accuracy (step 0: base)")
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-",
+                label="greedy eval accuracy, strict (step 0: base)")
+    lenient = ([(0, _accuracy(base, "accuracy_lenient"))] if base.exists() else []) + [
+        (r["step"], r["accuracy_lenient"]) for r in evals]
+    if lenient:
+        ax.plot([p[0] for p in lenient], [p[1] for p in lenient], "s:", label="greedy eval accuracy, lenient")
     ax.set_xlabel("step")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
@@ -59,13 +114,14 @@ def plot_curves(metrics: Path, out: Path) -> None:
     plt.close(fig)
 
 
-def _accuracy(path: Path) -> float | None:
+def _accuracy(path: Path, name: str = "accuracy") -> float | None:
     if not path.exists():
         return None
-    return float(json.loads(path.read_text())["metrics"]["accuracy"]["value"])
+    return float(json.loads(path.read_text())["metrics"][name]["value"])
 
 
-def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict]) -> str:
+def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict],
+              package: dict[str, Any] | None = None) -> str:
     lines = [f"== local run {run_dir.name} ({seconds:.0f}s) =="]
     for rec in records.values():
         lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}")
@@ -78,13 +134,28 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
         steps = [r for r in _records(metrics) if r.get("kind") == "step"]
         if steps:
             first, last = steps[0], steps[-1]
-            lines.append(f"  training: {len(steps)} steps, sampled accuracy {first['accuracy']:.2f} -> {last['accuracy']:.2f}, "
-                         f"filtered fraction {first['filtered_frac']:.2f} -> {last['filtered_frac']:.2f}")
+            lines.append(f"  training: {len(steps)} steps, sampled accuracy {first['accuracy']:.2f} -> "
+                         f"{last['accuracy']:.2f}, filtered fraction {first['filtered_frac']:.2f} -> "
+                         f"{last['filtered_frac']:.2f}")
+    model = _model(run_dir)
+    if model.get("stopped_early"):
+        lines.append(f"  training STOPPED EARLY after {model.get('steps_completed')} optimizer steps: "
+                     f"{model.get('stop_reason')}")
     trained, base = _accuracy(run_dir / "evaluation.json"), _accuracy(run_dir / "evaluation_base.json")
     if trained is not None:
         gain = f" (base model {base:.3f}, {100 * (trained - base):+.1f} points)" if base is not None else ""
         lines.append(f"  greedy eval accuracy: {trained:.3f}{gain}")
-    lines.append(f"  outcome: {'succeeded, model approved' if failure is None else 'FAILED at ' + failure.step + ': ' + failure.message}")
+    outcome = "succeeded, model approved" if failure is None else f"FAILED at {failure.step}: {failure.message}"
+    lines.append(f"  outcome: {outcome}")
+    if package:
+        metadata = " ".join(f"{k}={v}" for k, v in sorted((package.get("CustomerMetadataProperties") or {}).items()))
+        lines.append(f"  model package: {package['ModelApprovalStatus']} {package['ModelPackageArn']}")
+        lines.append(f"    metadata: {metadata or '(none)'}")
+    run = model.get("mlflow")
+    if run:
+        store = run["tracking_uri"]
+        lines.append(f"  mlflow: run {run['run_id']} in experiment '{run['experiment']}'; "
+                     f"see it with: mlflow ui --backend-store-uri {store}")
     running = [s for s in sessions if s.get("status") not in ("Stopped", "Failed")]
     lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
     lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(p.name for p in run_dir.iterdir() if p.is_file()))})")

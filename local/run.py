@@ -22,7 +22,11 @@ from local import report
 from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
 from local.stack import ROOT, LocalStack
 from local.toy_data import write_split
+from pipeline import budget
+from pipeline.config import load
+from pipeline.start import check_params
 from steps.cli import Refused, parse_pairs
+from steps.platform import tracking
 from steps.platform.versions import require_training_session_sdk
 
 
@@ -108,15 +112,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     definition = build_definition(args.config, args.definition_out)
     print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)", flush=True)
+    declared = {p["Name"]: p["Type"] for p in definition["Parameters"]}
+    print(budget.describe(check_params(params, declared, args.config).dapo), flush=True)
     failure: PipelineFailed | None = None
+    cfg = load(args.config)[0]
+    experiment = cfg.experiment_name
+    # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
+    tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), experiment),
+                    tracking.ENV_EXPERIMENT: experiment}
     with LocalStack(log_path=run_dir / "training-session-service.log") as stack:
         print(f"local-run {run_id}: moto {stack.moto_url}, training-session service {stack.service_url}", flush=True)
+        env = {**stack.env(), **tracking_env}
         s3 = stack.s3()
         bucket = _bucket_of(definition)
         uris = upload_dataset(s3, bucket, run_dir, (args.train_rows, args.eval_rows), args.seed)
         params = {"TrainDataS3Uri": uris["train"], "EvalDataS3Uri": uris["eval"], **params}
-        execution = LocalExecution(definition, params, s3, workdir, stack.env(), execution_id=run_id,
-                                   on_line=progress.line, on_status=progress.status)
+        execution = LocalExecution(definition, params, s3, workdir, env, execution_id=run_id,
+                                   pipeline_name=cfg.name, on_line=progress.line, on_status=progress.status)
         try:
             execution.run()
         except PipelineFailed as exc:
@@ -125,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             evaluate_base(stack, workdir, run_dir, execution.values.get("EvalSize"))
         report.collect(workdir, run_dir)
         sessions = stack.sessions()
-    summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions)
+        package = report.registry_entry(run_dir, env)
+    summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions, package)
     print(summary, flush=True)
     return 0 if failure is None else 1
 

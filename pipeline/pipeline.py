@@ -1,4 +1,5 @@
-"""The DAPO pipeline: ValidateData -> TrainDAPO -> EvaluateModel -> CheckAccuracy -> ApproveModel | AccuracyTooLow.
+"""The DAPO pipeline: ValidateData -> TrainDAPO -> EvaluateModel -> CheckAccuracy -> ApproveModel
+| RecordRejection -> AccuracyTooLow.
 
 Laid out like the SageMaker MLOps "modelbuild" template: :func:`get_pipeline`
 builds the :class:`Pipeline` and calls nothing on AWS. Every step runs the one
@@ -13,19 +14,29 @@ paths, hyperparameters and two channels.
 """
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from typing import Any
 
 import boto3
 import yaml
+from sagemaker.core.network import NetworkConfig
 from sagemaker.core.processing import Processor
-from sagemaker.core.shapes import ProcessingInput, ProcessingOutput, ProcessingS3Input, ProcessingS3Output, Tag
+from sagemaker.core.shapes import (
+    MlflowConfig,
+    ProcessingInput,
+    ProcessingOutput,
+    ProcessingS3Input,
+    ProcessingS3Output,
+    Tag,
+)
 from sagemaker.core.training.configs import (
     CheckpointConfig,
     Compute,
     InputData,
     MetricDefinition,
+    Networking,
     OutputDataConfig,
     StoppingCondition,
 )
@@ -49,6 +60,9 @@ from sagemaker.train.model_trainer import ModelTrainer
 
 from steps.config import PipelineConfig, RunConfig, to_dict
 from steps.config.parameters import HYPERPARAMETERS, PARAMETERS
+from steps.platform import tracking
+from steps.platform.ownership import ENV_PIPELINE
+from steps.platform.session import SessionNetwork
 
 # Importing the SDK sets the root logger to INFO; put it back so the commands
 # print only what matters, and drop the notices every pipeline build triggers
@@ -66,6 +80,7 @@ SAGEMAKER_CONFIG = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules
 PROC = "/opt/ml/processing"
 VALIDATED_DIR = f"{PROC}/output/validated"
 EVALUATION_DIR = f"{PROC}/output/evaluation"
+TOKENIZER_DIR = f"{PROC}/input/tokenizer"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 
 # A number as Python logs it: 3, -0.0123, 0.4219, 1.5e-05, 2E+3.
@@ -79,11 +94,12 @@ def _metric(line: str, key: str) -> MetricDefinition:
 
 # Regexes over the log lines steps.train prints (steps/dapo/metrics.py), e.g.
 #   sampling: step=3 gen_batches=2 groups_sampled=64 filtered_frac=0.4531 kept_groups=35 empty_rollouts=0
-#   train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21
+#   train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21 accuracy_lenient=0.4531
 #   eval: step=10 accuracy=0.5300
 METRIC_DEFINITIONS = [
-    *(_metric("train", k) for k in ("reward_mean", "accuracy", "loss", "tokens", "seconds")),
-    *(_metric("sampling", k) for k in ("gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")),
+    *(_metric("train", k) for k in ("reward_mean", "accuracy", "loss", "tokens", "seconds", "accuracy_lenient")),
+    *(_metric("sampling", k)
+      for k in ("gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")),
     _metric("eval", "accuracy"),
 ]
 
@@ -134,7 +150,7 @@ def _yaml_scalar(value: Any) -> str:
     # which YAML reads as a float; "1e-05" it would read as a string).
     if isinstance(value, str):
         return value
-    return yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).splitlines()[0]
 
 
 def _hyperparameters(run: RunConfig, params: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +172,9 @@ def _run_prefix(cfg: PipelineConfig, *parts: str) -> Join:
     return Join(on="/", values=[cfg.output_prefix, ExecutionVariables.PIPELINE_EXECUTION_ID, *parts])
 
 
-def _processor(cfg: PipelineConfig, params: dict[str, Any], module: str, session: PipelineSession) -> Processor:
+def _processor(cfg: PipelineConfig, params: dict[str, Any], module: str, session: PipelineSession, *,
+               isolated: bool = False, env: dict[str, str] | None = None) -> Processor:
+    """``isolated``: the job needs no network at all (EnableNetworkIsolation)."""
     return Processor(
         role=cfg.role_arn,
         image_uri=params["ImageUri"],
@@ -165,9 +183,32 @@ def _processor(cfg: PipelineConfig, params: dict[str, Any], module: str, session
         entrypoint=["python", "-m", f"steps.{module}"],
         base_job_name=f"dapo-{module}",
         max_runtime_in_seconds=cfg.processing_max_runtime_seconds,
+        volume_kms_key=cfg.volume_kms_key_arn,
+        output_kms_key=cfg.kms_key_arn,
+        env=env or None,
         tags=_tags(cfg),
+        network_config=_network_config(cfg, isolated),
         sagemaker_session=session,
     )
+
+
+def _network_config(cfg: PipelineConfig, isolated: bool) -> NetworkConfig | None:
+    """pipeline.vpc's subnets and security groups with traffic between instances encrypted; None (SageMaker's
+    network, as without the setting) unless there is a VPC or isolation to ask for."""
+    vpc = cfg.vpc
+    if vpc is None:
+        return NetworkConfig(enable_network_isolation=True) if isolated else None
+    return NetworkConfig(enable_network_isolation=isolated, subnets=vpc.subnets,
+                         security_group_ids=vpc.security_group_ids, encrypt_inter_container_traffic=True)
+
+
+def _session_network(cfg: PipelineConfig) -> SessionNetwork:
+    """What the jobs that create training sessions (TrainDAPO, EvaluateModel) hand the SDK: the VPC and the
+    output key, as environment variables (steps/platform/session.py)."""
+    vpc = cfg.vpc
+    return SessionNetwork(subnets=tuple(vpc.subnets) if vpc else (),
+                          security_group_ids=tuple(vpc.security_group_ids) if vpc else (),
+                          kms_key_arn=cfg.kms_key_arn)
 
 
 def _s3_input(name: str, source: Any, local_dir: str) -> ProcessingInput:
@@ -189,11 +230,32 @@ def _tags(cfg: PipelineConfig) -> list[dict[str, str]] | None:
     return [{"Key": k, "Value": v} for k, v in cfg.tags.items()] or None
 
 
-def _validate_step(cfg: PipelineConfig, params: dict[str, Any], session: PipelineSession) -> ProcessingStep:
-    args = _processor(cfg, params, "validate", session).run(
+def _tokenizer_input(cfg: PipelineConfig) -> tuple[list[ProcessingInput], list[str]]:
+    """The tokenizer files of pipeline.tokenizer_s3_uri as a processing input and its argument; none when unset
+    (the step then loads the tokenizer the Hub names)."""
+    if not cfg.tokenizer_s3_uri:
+        return [], []
+    return [_s3_input("tokenizer", cfg.tokenizer_s3_uri, TOKENIZER_DIR)], ["--tokenizer", TOKENIZER_DIR]
+
+
+def _validate_step(cfg: PipelineConfig, run: RunConfig, params: dict[str, Any],
+                   session: PipelineSession) -> ProcessingStep:
+    # The prompt-length check renders every question as TrainDAPO will: the base model's tokenizer, the
+    # configured chat-template arguments, and room for max_tokens within the model's context.
+    tokenizer_inputs, tokenizer_args = _tokenizer_input(cfg)
+    # With the tokenizer files from S3, ValidateData makes no Hub call and downloads nothing: no network at all.
+    isolated = bool(cfg.tokenizer_s3_uri)
+    length_check = ["--base-model", params["BaseModel"], "--max-tokens", str(run.dapo.max_tokens),
+                    "--chat-template-kwargs", json.dumps(run.session.chat_template_kwargs), *tokenizer_args]
+    if run.session.region:
+        length_check += ["--region", run.session.region]
+    if run.session.max_context_tokens:
+        length_check += ["--max-context-tokens", str(run.session.max_context_tokens)]
+    args = _processor(cfg, params, "validate", session, isolated=isolated).run(
         inputs=[
             _s3_input("train", params["TrainDataS3Uri"], f"{PROC}/input/train"),
             _s3_input("eval", params["EvalDataS3Uri"], f"{PROC}/input/eval"),
+            *tokenizer_inputs,
         ],
         outputs=[_s3_output("validated", _run_prefix(cfg, "ValidateData", "validated"), VALIDATED_DIR)],
         arguments=[
@@ -201,9 +263,29 @@ def _validate_step(cfg: PipelineConfig, params: dict[str, Any], session: Pipelin
             "--eval", f"{PROC}/input/eval",
             "--batch-size", params["BatchSize"].to_string(),
             "--output", VALIDATED_DIR,
+            *length_check,
         ],
     )
     return ProcessingStep(name="ValidateData", step_args=args, retry_policies=JOB_RETRY_POLICIES)
+
+
+def _tracking_environment(cfg: PipelineConfig) -> dict[str, Any]:
+    """What TrainDAPO needs to log to MLflow (steps/platform/tracking.py), only when a server is configured.
+
+    MLflow's own variables name the server (the sagemaker-mlflow plugin in the image resolves the ARN)
+    and the configured experiment; the execution's ARN lets the step read the experiment an execution
+    was started with (``make start-pipeline EXPERIMENT=...``).
+    """
+    if not cfg.mlflow_tracking_arn:
+        return {}
+    return {tracking.ENV_TRACKING_URI: cfg.mlflow_tracking_arn, tracking.ENV_EXPERIMENT: cfg.experiment_name}
+
+
+def _owner_environment() -> dict[str, Any]:
+    """Whose TrainDAPO job this is: its training session's name and the orphan sweep read them
+    (steps/platform/ownership.py); the execution's ARN also tells MLflow tracking the execution's experiment."""
+    return {ENV_PIPELINE: ExecutionVariables.PIPELINE_NAME,
+            tracking.ENV_EXECUTION_ARN: ExecutionVariables.PIPELINE_EXECUTION_ARN}
 
 
 def _train_step(
@@ -213,12 +295,17 @@ def _train_step(
         training_image=params["ImageUri"],  # the image's `train` entrypoint runs steps.train
         role=cfg.role_arn,
         base_job_name="dapo-train",
-        compute=Compute(instance_type=params["TrainingInstanceType"], instance_count=1, volume_size_in_gb=30),
+        compute=Compute(instance_type=params["TrainingInstanceType"], instance_count=1, volume_size_in_gb=30,
+                        volume_kms_key_id=cfg.volume_kms_key_arn),
+        networking=Networking(subnets=cfg.vpc.subnets, security_group_ids=cfg.vpc.security_group_ids,
+                              enable_inter_container_traffic_encryption=True) if cfg.vpc else None,
         stopping_condition=StoppingCondition(max_runtime_in_seconds=cfg.max_runtime_seconds),
         output_data_config=OutputDataConfig(
-            s3_output_path=_run_prefix(cfg, "TrainDAPO", "output"), compression_type="GZIP"
+            s3_output_path=_run_prefix(cfg, "TrainDAPO", "output"), compression_type="GZIP",
+            kms_key_id=cfg.kms_key_arn,
         ),
         hyperparameters=_hyperparameters(run, params),
+        environment={**_owner_environment(), **_session_network(cfg).environment(), **_tracking_environment(cfg)},
         tags=[Tag(key=k, value=v) for k, v in cfg.tags.items()] or None,
         sagemaker_session=session,
     )
@@ -229,18 +316,23 @@ def _train_step(
         input_data_config=[
             InputData(channel_name="train", data_source=Join(on="/", values=[validated, "train.jsonl"])),
             InputData(channel_name="eval", data_source=Join(on="/", values=[validated, "eval.jsonl"])),
+            # SM_CHANNEL_TOKENIZER: steps.train loads the tokenizer from it instead of the Hub's id.
+            *([InputData(channel_name="tokenizer", data_source=cfg.tokenizer_s3_uri)] if cfg.tokenizer_s3_uri else []),
         ]
     )
     return TrainingStep(name="TrainDAPO", step_args=args, retry_policies=JOB_RETRY_POLICIES)
 
 
 def _evaluate_step(
-    cfg: PipelineConfig, params: dict[str, Any], validated: Any, model: Any, report: PropertyFile, session: PipelineSession
+    cfg: PipelineConfig, params: dict[str, Any], validated: Any, model: Any, report: PropertyFile,
+    session: PipelineSession
 ) -> ProcessingStep:
-    args = _processor(cfg, params, "evaluate", session).run(
+    tokenizer_inputs, tokenizer_args = _tokenizer_input(cfg)
+    args = _processor(cfg, params, "evaluate", session, env=_session_network(cfg).environment()).run(
         inputs=[
             _s3_input("model", model, f"{PROC}/input/model"),
             _s3_input("eval", Join(on="/", values=[validated, "eval.jsonl"]), f"{PROC}/input/eval"),
+            *tokenizer_inputs,
         ],
         outputs=[_s3_output("evaluation", _run_prefix(cfg, "EvaluateModel", "evaluation"), EVALUATION_DIR)],
         arguments=[
@@ -248,6 +340,7 @@ def _evaluate_step(
             "--eval", f"{PROC}/input/eval",
             "--output", EVALUATION_DIR,
             "--eval-size", params["EvalSize"].to_string(),
+            *tokenizer_args,
         ],
     )
     return ProcessingStep(
@@ -255,17 +348,22 @@ def _evaluate_step(
     )
 
 
-def _approve_step(
-    cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluation: Any, session: PipelineSession
+def _registry_step(
+    name: str, cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluation: Any, session: PipelineSession,
+    *, reject: bool = False, depends_on: list[Any] | None = None
 ) -> ProcessingStep:
+    """steps.approve: the evaluation onto the model package, Approved, or with ``reject`` Rejected."""
     args = _processor(cfg, params, "approve", session).run(
         inputs=[
             _s3_input("model", model, f"{PROC}/input/model"),
             _s3_input("evaluation", evaluation, f"{PROC}/input/evaluation"),
         ],
-        arguments=["--model", f"{PROC}/input/model", "--evaluation", f"{PROC}/input/evaluation"],
+        arguments=["--model", f"{PROC}/input/model", "--evaluation", f"{PROC}/input/evaluation",
+                   "--execution-arn", ExecutionVariables.PIPELINE_EXECUTION_ARN,
+                   "--accuracy-threshold", params["AccuracyThreshold"].to_string(),
+                   *(["--reject"] if reject else [])],
     )
-    return ProcessingStep(name="ApproveModel", step_args=args, retry_policies=JOB_RETRY_POLICIES)
+    return ProcessingStep(name=name, step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on)
 
 
 def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSession | None = None) -> Pipeline:
@@ -273,7 +371,7 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
     session = session or make_session(run.session.region or "us-east-1", cfg.default_bucket)
     params = make_parameters(run)
 
-    validate = _validate_step(cfg, params, session)
+    validate = _validate_step(cfg, run, params, session)
     validated = validate.properties.ProcessingOutputConfig.Outputs["validated"].S3Output.S3Uri
 
     train = _train_step(cfg, run, params, validated, session)
@@ -284,20 +382,29 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
     evaluation = evaluate.properties.ProcessingOutputConfig.Outputs["evaluation"].S3Output.S3Uri
     accuracy = JsonGet(step_name=evaluate.name, property_file=report, json_path="metrics.accuracy.value")
 
-    approve = _approve_step(cfg, params, model, evaluation, session)
+    # The gate (CheckAccuracy): accuracy at or above the threshold AND at least one optimizer step.
+    # A run the generation-batch cap stopped before its first step evaluated the base weights; however
+    # well they score, that package is never approved. The condition says so where SageMaker shows the
+    # execution, and the other branch records why on the package before AccuracyTooLow fails it.
+    steps_completed = JsonGet(step_name=evaluate.name, property_file=report, json_path="training.steps_completed")
+    approve = _registry_step("ApproveModel", cfg, params, model, evaluation, session)
+    rejection = _registry_step("RecordRejection", cfg, params, model, evaluation, session, reject=True)
     too_low = FailStep(
         name="AccuracyTooLow",
         error_message=Join(
             on="",
-            values=["Accuracy ", accuracy, " is below the AccuracyThreshold ", params["AccuracyThreshold"],
-                    "; the model was not approved."],
+            values=["Not approved: accuracy ", accuracy, " against the AccuracyThreshold ", params["AccuracyThreshold"],
+                    ", optimizer steps completed ", steps_completed,
+                    " (at least 1 needed); the model package records why."],
         ),
+        depends_on=[rejection],  # the rejection is on the package before the execution fails
     )
     check = ConditionStep(
         name="CheckAccuracy",
-        conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=params["AccuracyThreshold"])],
+        conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=params["AccuracyThreshold"]),
+                    ConditionGreaterThanOrEqualTo(left=steps_completed, right=1)],
         if_steps=[approve],
-        else_steps=[too_low],
+        else_steps=[rejection, too_low],
     )
     return Pipeline(
         name=cfg.name,
@@ -305,4 +412,6 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
         steps=[validate, train, evaluate, check],
         sagemaker_session=session,
         pipeline_experiment_config=None,  # Experiments would need extra permissions
+        mlflow_config=MlflowConfig(mlflow_resource_arn=cfg.mlflow_tracking_arn,
+                                   mlflow_experiment_name=cfg.experiment_name) if cfg.mlflow_tracking_arn else None,
     )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any, Callable, Sequence
 
 import boto3
 
-from pipeline import preflight
+from pipeline import budget, preflight
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
 from pipeline.config import load
 from steps.cli import parse_pairs
@@ -51,17 +52,33 @@ def deployed_parameters(sm: Any, name: str, region: str) -> dict[str, str]:
     return {p["Name"]: p["Type"] for p in definition.get("Parameters", [])}
 
 
-def start(session: boto3.Session, name: str, region: str, params: dict[str, str], config_path: str) -> str:
-    """Check the overrides and what the execution reads, start it and return its ARN."""
+def check_experiment(sm: Any, name: str, experiment: str) -> None:
+    """An execution's MLflow experiment needs a pipeline that tracks to MLflow, and a name MLflow on SageMaker takes."""
+    if not re.fullmatch(r"[a-zA-Z0-9\-_./]{1,256}", experiment):
+        raise UserError(f"EXPERIMENT={experiment!r}: an MLflow experiment name is 1-256 letters, digits and -_./")
+    definition = json.loads(sm.describe_pipeline(PipelineName=name)["PipelineDefinition"])
+    if not definition.get("MlflowConfig"):
+        raise UserError(f"EXPERIMENT={experiment}: pipeline '{name}' does not track to MLflow; set "
+                        "pipeline.mlflow_tracking_arn in the config and run 'make deploy-pipeline' first")
+
+
+def start(session: boto3.Session, name: str, region: str, params: dict[str, str], config_path: str,
+          experiment: str | None = None) -> str:
+    """Check the overrides and what the execution reads, start it and return its ARN. ``experiment`` is
+    the execution's MLflow experiment (StartPipelineExecution's MlflowExperimentName), which TrainDAPO logs to."""
     sm = session.client("sagemaker")
     run = check_params(params, deployed_parameters(sm, name, region), config_path)
+    if experiment:
+        check_experiment(sm, name, experiment)
     preflight.before_start(session, run, params)
+    print(budget.describe(run.dapo), flush=True)  # what the execution may bill, before it can
     # The config's form of a data prefix ends with '/': s3://b/data/train would also read s3://b/data/train-old/.
     data = {n: getattr(run.pipeline, BY_NAME[n].field) for n in preflight.DATA_PARAMETERS if n in params}
     params = {**params, **data}
     response = sm.start_pipeline_execution(
         PipelineName=name,
         PipelineParameters=[{"Name": n, "Value": v} for n, v in params.items()],
+        **({"MlflowExperimentName": experiment} if experiment else {}),
     )
     return response["PipelineExecutionArn"]
 
@@ -115,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="YAML config with session/dapo/pipeline sections")
     p.add_argument("--param", action="append", default=[], metavar="Name=Value",
                    help="override a pipeline parameter (repeatable)")
+    p.add_argument("--mlflow-experiment", metavar="NAME",
+                   help="the execution's MLflow experiment (the pipeline must track to MLflow)")
     p.add_argument("--wait", action="store_true", help="poll and print each step's status until the execution ends")
     p.add_argument("--poll-seconds", type=float, default=30.0)
     args = p.parse_args(argv)
@@ -124,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = parse_pairs(args.param, "--param", example="BatchSize=64")
     region = resolve_region(run.session.region, args.config)
     session = aws_session(region)
-    arn = start(session, cfg.name, region, params, args.config)
+    arn = start(session, cfg.name, region, params, args.config, args.mlflow_experiment)
     print(f"started {arn}")
     execution_id = arn.rsplit("/", 1)[-1]
     print(f"console: {console_url(region, f'pipelines/{cfg.name}/executions/{execution_id}')}")

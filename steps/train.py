@@ -1,11 +1,14 @@
 """`python -m steps.train`: the TrainDAPO step.
 
-Reads the SageMaker training contract (SM_CHANNEL_TRAIN, SM_CHANNEL_EVAL,
-SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, /opt/ml/input/config/hyperparameters.json,
-/opt/ml/checkpoints), each overridable by a flag for local use. Everything that
+Reads the SageMaker training contract (SM_CHANNEL_TRAIN, SM_CHANNEL_EVAL, the
+optional SM_CHANNEL_TOKENIZER, SM_MODEL_DIR, SM_OUTPUT_DATA_DIR,
+/opt/ml/input/config/hyperparameters.json, /opt/ml/checkpoints), each
+overridable by a flag for local use. Everything that
 can be checked without AWS (config, SDK versions, data, checkpoint) is checked
 before the training session, the billed resource, is created; the session is
-stopped on every exit path.
+stopped on every exit path. One that a SIGKILL left Running (nothing in the
+process can stop it then) is stopped by the next start of the step, before it
+creates its own (steps/platform/ownership.py).
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ from steps.dapo import state as checkpoint
 from steps.dapo.loop import Outcome, Trainer
 from steps.dapo.state import LoopState
 from steps.gsm8k.data import Example, load_examples
+from steps.platform import tracking
 from steps.platform.artifacts import write_model_json
+from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client
 from steps.platform.tokenizer import load_tokenizer
 
@@ -43,6 +48,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="override one config key (repeatable)")
     p.add_argument("--train", default=env("SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"))
     p.add_argument("--eval", default=env("SM_CHANNEL_EVAL", "/opt/ml/input/data/eval"))
+    p.add_argument("--tokenizer", default=env("SM_CHANNEL_TOKENIZER"),
+                   help="directory of the base model's tokenizer files (the `tokenizer` channel of "
+                        "pipeline.tokenizer_s3_uri); default: the tokenizer the Hub names for the base model")
     p.add_argument("--model-dir", default=env("SM_MODEL_DIR", "/opt/ml/model"))
     p.add_argument("--output-dir", default=env("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
     p.add_argument("--checkpoint-dir", default="/opt/ml/checkpoints")
@@ -69,15 +77,16 @@ def load_inputs(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[Example]
     return train, evaluation
 
 
-def open_session(service: Any, cfg: RunConfig, start: LoopState) -> Any:
+def open_session(service: Any, cfg: RunConfig, start: LoopState, name: str | None) -> Any:
+    """``name``: the session's name (None: the SDK names it)."""
+    kwargs = {**lora_kwargs(cfg.session), **({"training_session_name": name} if name else {})}
     if start.state_model_package_arn:
         log.info("resuming from %s (step %d)", start.state_model_package_arn, start.step)
-        return service.create_training_client_from_state_with_optimizer(start.state_model_package_arn,
-                                                                    **lora_kwargs(cfg.session))
-    return service.create_lora_training_client(**lora_kwargs(cfg.session))
+        return service.create_training_client_from_state_with_optimizer(start.state_model_package_arn, **kwargs)
+    return service.create_lora_training_client(**kwargs)
 
 
-def model_record(cfg: RunConfig, outcome: Outcome) -> dict[str, Any]:
+def model_record(cfg: RunConfig, outcome: Outcome, run: tracking.RunRef | None = None) -> dict[str, Any]:
     state, final = outcome.state, outcome.final_eval
     return {
         "model_package_arn": state.sampler_model_package_arn,
@@ -87,9 +96,20 @@ def model_record(cfg: RunConfig, outcome: Outcome) -> dict[str, Any]:
         "stopped_early": state.stopped_early,
         "stop_reason": state.stop_reason,
         "final_eval": None if final is None else
-        {"accuracy": final.accuracy, "n": final.n, "format_error_rate": final.format_error_rate},
+        {"accuracy": final.accuracy, "accuracy_lenient": final.accuracy_lenient, "n": final.n,
+         "format_error_rate": final.format_error_rate},
         "config": to_dict(cfg),
+        "mlflow": None if run is None else run.to_dict(),  # EvaluateModel logs to the same run
     }
+
+
+def finish_tracking(tracker: tracking.MlflowTracker | None, outcome: Outcome) -> tracking.RunRef | None:
+    if tracker is None:
+        return None
+    state = outcome.state
+    tags = {"steps_completed": state.step, "stopped_early": str(state.stopped_early).lower()}
+    tracker.set_tags({**tags, "stop_reason": state.stop_reason} if state.stop_reason else tags)
+    return tracker.finish()
 
 
 def resume_hint(checkpoint_dir: str) -> str:
@@ -113,24 +133,32 @@ def describe_failure(exc: BaseException) -> str:
 
 def train(args: argparse.Namespace) -> int:
     cfg = read_config(args)
+    service = service_client(cfg.session)
+    # First, whatever this attempt goes on to refuse: an earlier attempt's session that is still billing.
+    session_name = this_jobs_session_name(service, cfg.session.region)
     train_examples, eval_examples = load_inputs(args, cfg)
     start = checkpoint.resume_or_start(args.checkpoint_dir, cfg.dapo.seed)
-    tokenizer = load_tokenizer(cfg.session.tokenizer)
+    tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
     metrics_path = Path(args.output_dir) / "metrics.jsonl"
     metrics_io.truncate_after(metrics_path, start.step)
-    service = service_client(cfg.session)
 
-    training_client = open_session(service, cfg, start)
+    training_client = open_session(service, cfg, start, session_name)
+    tracker = tracking.start(tracking.config_params(to_dict(cfg)), Path(args.checkpoint_dir) / tracking.RUN_FILE)
+    outcome: Outcome | None = None
     try:
         trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=tokenizer,
                           train_examples=train_examples, eval_examples=eval_examples,
-                          metrics=metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True)),
+                          chat_template_kwargs=cfg.session.chat_template_kwargs,
+                          metrics=metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True),
+                                                        trackers=[tracker] if tracker else []),
                           checkpoint_dir=Path(args.checkpoint_dir))
         outcome = trainer.run(start)
-        write_model_json(args.model_dir, model_record(cfg, outcome))
     finally:
-        training_client.stop()
+        training_client.stop()  # first: the session is what is billed
         log.info("training session %s stopped", training_client.training_session_name)
+        if tracker is not None and outcome is None:  # training ended with an error
+            tracker.finish("FAILED")
+    write_model_json(args.model_dir, model_record(cfg, outcome, finish_tracking(tracker, outcome)))
     state = outcome.state
     print(f"done: steps={state.step} stopped_early={str(state.stopped_early).lower()} "
           f"model_package_arn={state.sampler_model_package_arn}", flush=True)

@@ -1,6 +1,17 @@
 """ValidateData step: check GSM8K JSONL data and write cleaned copies.
 
     python -m steps.validate --train PATH --eval PATH --batch-size N --output DIR [--on-overlap remove|fail]
+        [--base-model ARN [--region R] [--tokenizer DIR] --max-tokens N [--max-context-tokens N]
+         [--chat-template-kwargs JSON]]
+
+With a base model (the pipeline always passes one), every question is rendered
+with the model's own tokenizer and chat template, as TrainDAPO will render it,
+and a question whose prompt tokens plus ``--max-tokens`` exceed the model's
+context is rejected, naming the row and the limit. The context is
+``--max-context-tokens`` (session.max_context_tokens) when set, else what the
+base model's Hub record states; neither known, the check is skipped and
+validation.json says so. ``--tokenizer`` (the pipeline.tokenizer_s3_uri input)
+loads the tokenizer from a directory and makes no Hub call.
 
 Writes ``DIR/validation.json`` (accepted or refused) and, only when accepted,
 ``DIR/train.jsonl`` and ``DIR/eval.jsonl``: the rows that passed, in input
@@ -9,9 +20,10 @@ Exit codes follow steps.cli: 0 trainable, 2 refused (the message says why and
 how to fix it), 1 crashed.
 
 validation.json: ``status``, ``message``, ``batch_size``, ``on_overlap``,
-``kept`` per split, ``overlap`` (count, action, first rows), ``splits`` (per
-split: input files with sha256, rows read, kept, rejected counts by reason, the
-first 20 rejected rows with file, line and reason) and ``outputs``.
+``kept`` per split, ``overlap`` (count, action, first rows), ``prompt_budget``
+(the length check: max_tokens, context, its source; null when not checked),
+``splits`` (per split: input files with sha256, rows read, kept, rejected counts
+by reason, the first 20 rejected rows with file, line and reason) and ``outputs``.
 """
 from __future__ import annotations
 
@@ -20,15 +32,18 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from steps.cli import Refused, run_step
 from steps.gsm8k.data import DataError, jsonl_files
-from steps.gsm8k.rules import SplitScan, refusal_problems, scan_split
+from steps.gsm8k.rules import PromptBudget, SplitScan, refusal_problems, scan_split
+from steps.platform.tokenizer import describe_base_model, load_tokenizer
 
 OUTPUTS = ("validation.json", "train.jsonl", "eval.jsonl")
 
 
-def build_report(status: str, message: str, batch_size: int, on_overlap: str, scans: dict[str, SplitScan]) -> dict:
+def build_report(status: str, message: str, batch_size: int, on_overlap: str, scans: dict[str, SplitScan],
+                 budget: PromptBudget | None = None) -> dict:
     ordered = [name for name in ("train", "eval") if name in scans]
     train = scans.get("train")
     overlap = train.overlap if train else 0
@@ -43,6 +58,8 @@ def build_report(status: str, message: str, batch_size: int, on_overlap: str, sc
             "action": "refused" if on_overlap == "fail" and overlap else "removed",
             "first_rows": [{"file": r.file, "line": r.line} for r in train.first_overlap] if train else [],
         },
+        "prompt_budget": None if budget is None else {
+            "max_tokens": budget.max_tokens, "context_tokens": budget.context_tokens, "source": budget.source},
         "splits": {name: scans[name].to_json() for name in ordered},
         "outputs": {name: f"{name}.jsonl" for name in ordered} if status == "accepted" else {},
     }
@@ -76,8 +93,12 @@ def _check_paths(train: str, eval_: str) -> None:
         raise DataError("\n- ".join(problems))
 
 
-def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap: str = "remove") -> dict:
-    """Validate, write the outputs, and return the report (status accepted/refused)."""
+def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap: str = "remove",
+             budget: PromptBudget | None = None) -> dict:
+    """Validate, write the outputs, and return the report (status accepted/refused).
+
+    ``budget``: reject questions too long for the model (see :class:`PromptBudget`).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     # A result left by an earlier run must not pass for this run's.
     for name in OUTPUTS:
@@ -88,17 +109,17 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
         try:
             _check_paths(train, eval_)
             with open(tmp["eval"], "w", encoding="utf-8") as out:
-                scans["eval"] = scan_split("eval", eval_, out)
+                scans["eval"] = scan_split("eval", eval_, out, budget=budget)
             with open(tmp["train"], "w", encoding="utf-8") as out:
-                scans["train"] = scan_split("train", train, out, eval_digests=scans["eval"].digests)
+                scans["train"] = scan_split("train", train, out, eval_digests=scans["eval"].digests, budget=budget)
             problems = refusal_problems(scans["train"], scans["eval"], batch_size, on_overlap)
         except DataError as exc:
             problems = [str(exc)]
         if problems:
             message = "validation refused the data:\n- " + "\n- ".join(problems)
-            report = build_report("refused", message, batch_size, on_overlap, scans)
+            report = build_report("refused", message, batch_size, on_overlap, scans, budget)
         else:
-            report = build_report("accepted", "", batch_size, on_overlap, scans)
+            report = build_report("accepted", "", batch_size, on_overlap, scans, budget)
             report["message"] = summary(report)
             for name, path in tmp.items():
                 os.replace(path, out_dir / f"{name}.jsonl")
@@ -119,6 +140,37 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def prompt_budget(args: argparse.Namespace) -> PromptBudget | None:
+    """The length check the arguments ask for: None without a base model or tokenizer, or without a context."""
+    if args.base_model is None and args.tokenizer is None:
+        return None
+    if args.max_tokens is None:
+        raise Refused("--max-tokens is required with --base-model or --tokenizer: the prompt must leave room for it")
+    # With a tokenizer directory the job may have no network at all: no Hub call, the context from the setting.
+    hub = describe_base_model(args.base_model, args.region) if args.tokenizer is None else None
+    if args.max_context_tokens is not None:
+        context, source = args.max_context_tokens, "session.max_context_tokens"
+    elif hub is not None and hub.context_tokens is not None:
+        context, source = hub.context_tokens, f"{args.base_model} (its Hub record's recipe SequenceLength)"
+    else:
+        print("note: the model's context is unknown (set session.max_context_tokens): prompt lengths not checked",
+              flush=True)
+        return None
+    tokenizer = load_tokenizer(args.base_model, args.region, args.tokenizer, hub)
+    return PromptBudget(tokenizer, args.chat_template_kwargs, args.max_tokens, context, source)
+
+
+def _json_mapping(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"enable_thinking\": false}}', "
+                                         f"got {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m steps.validate", description=__doc__.split("\n\n")[0])
     p.add_argument("--train", required=True, help="a .jsonl file or a directory of them")
@@ -131,6 +183,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="remove",
         help="a train question also in eval: drop it from train (default) or refuse the data",
     )
+    model = p.add_argument_group("prompt length", "reject questions the model cannot take with max-tokens to answer")
+    model.add_argument("--base-model", help="SageMaker Public Hub model ARN (session.base_model): its tokenizer "
+                                            "and context from the Hub")
+    model.add_argument("--region", help="region of the Hub lookup when --base-model is not an ARN (session.region)")
+    model.add_argument("--tokenizer", help="directory of the model's tokenizer files instead of the Hub's "
+                                           "(pipeline.tokenizer_s3_uri)")
+    model.add_argument("--max-tokens", type=_positive_int, help="the completion budget (dapo.max_tokens)")
+    model.add_argument("--max-context-tokens", type=_positive_int,
+                       help="the model's context in tokens (session.max_context_tokens); default: the Hub's")
+    model.add_argument("--chat-template-kwargs", type=_json_mapping, default={},
+                       help="JSON object passed to apply_chat_template (session.chat_template_kwargs)")
     return p.parse_args(argv)
 
 
@@ -144,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise Refused(f"--output {out_dir}: cannot create directory ({exc.strerror})") from None
-    report = validate(args.train, args.eval, args.batch_size, out_dir, args.on_overlap)
+    report = validate(args.train, args.eval, args.batch_size, out_dir, args.on_overlap, prompt_budget(args))
     if report["status"] != "accepted":
         raise Refused(report["message"])
     print(report["message"])

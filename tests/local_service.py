@@ -3,7 +3,7 @@
 One service serves the whole test run (starting it is cheap, but sessions are
 isolated by name and model package groups by a per-test group). Each test that
 asks for ``local_service`` gets the SDK's two endpoint overrides pointed at it
-and fault injection reset before and after.
+and fault injection and the cost model reset before and after.
 
 Load with ``pytest_plugins = ["tests.local_service"]`` in ``tests/conftest.py``.
 """
@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from local.training_session.costs import Costs
 from local.training_session.faults import Faults
 from local.training_session.responses import base_model_arn
 from local.training_session.server import RunningService, start_service
@@ -48,12 +49,14 @@ def training_service() -> Iterator[RunningService]:
 
 @pytest.fixture
 def local_service(training_service: RunningService, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningService]:
-    """The running service, with the SDK's endpoint overrides set and no faults."""
+    """The running service, with the SDK's endpoint overrides set, no faults and no cost model."""
     for var in ENDPOINT_ENV_VARS:
         monkeypatch.setenv(var, training_service.url)
     training_service.set_faults(Faults())
+    training_service.set_costs(Costs())
     yield training_service
     training_service.set_faults(Faults())
+    training_service.set_costs(Costs())
 
 
 @pytest.fixture

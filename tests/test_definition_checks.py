@@ -22,6 +22,7 @@ from pipeline.config import load
 from pipeline.definition import build_definition, main
 from pipeline.shapes import service_model
 from steps.config import load_yaml
+from tests.test_network import network_build
 from tests.test_pipeline_definition import EXAMPLE, LOCAL, local_build
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -38,7 +39,8 @@ def example_build() -> dict[str, Any]:
 
 def definitions() -> list[Any]:
     return [pytest.param(lambda: local_build()["definition"], id="local.yaml"),
-            pytest.param(example_build, id="config.yaml.example")]
+            pytest.param(example_build, id="config.yaml.example"),
+            pytest.param(network_build, id="vpc-and-kms")]
 
 
 # --- (a) the published schema, patched where it lags the service ---------------------------------------------
@@ -86,6 +88,14 @@ def training_output_has_compression_type(schema: dict[str, Any]) -> None:
     output["properties"]["CompressionType"] = {"oneOf": [{"type": "string", "enum": values}, GET]}
 
 
+def training_step_takes_environment(schema: dict[str, Any]) -> None:
+    """CreateTrainingJob takes Environment (TrainDAPO's owner: the pipeline's name and the execution's ARN); the
+    schema's TrainingStep lacks it. Written as the schema writes the Environment of a processing step."""
+    arguments = schema["definitions"]["TrainingStep"]["properties"]["Arguments"]
+    arguments["properties"]["Environment"] = {
+        "type": "object", "patternProperties": {".*": {"$ref": "#/definitions/StringArgumentValue"}}}
+
+
 def top_level_experiment_config(schema: dict[str, Any]) -> None:
     """The SDK always sends PipelineExperimentConfig (null when off); the schema has no such top-level key."""
     value = {"$ref": "#/definitions/StringArgumentValue"}
@@ -104,6 +114,7 @@ SCHEMA_PATCHES: tuple[Callable[[dict[str, Any]], None], ...] = (
     join_and_json_get_are_values,
     processing_steps_declare_property_files,
     training_output_has_compression_type,
+    training_step_takes_environment,
     top_level_experiment_config,
     top_level_mlflow_config_null,
 )
@@ -198,7 +209,7 @@ def test_schema_violation_names_the_field() -> None:
 @pytest.mark.parametrize("build", definitions())
 def test_definition_passes_the_model_checks(build: Callable[[], dict[str, Any]]) -> None:
     definition = build()
-    assert [s["Type"] for s in all_steps(definition)].count("Processing") == 3
+    assert [s["Type"] for s in all_steps(definition)].count("Processing") == 4
     assert check_parameters(definition) == []
     assert check_arguments(definition) == []
     assert check_references(definition) == []
@@ -264,7 +275,8 @@ def test_property_file_must_be_declared_on_the_named_step() -> None:
         step(d, "EvaluateModel")["PropertyFiles"][0]["PropertyFileName"] = "Report"
 
     found = check_references(broken(change))
-    assert len(found) == 2 and all("declares no property file 'EvaluationReport'" in p for p in found), found
+    # The condition's two JsonGets (accuracy, steps completed) and the fail message's two.
+    assert len(found) == 4 and all("declares no property file 'EvaluationReport'" in p for p in found), found
     assert found[0].startswith("step CheckAccuracy: Arguments.Conditions[0].LeftValue.Std:JsonGet.PropertyFile: ")
 
 
@@ -286,16 +298,17 @@ def test_wrong_parameter_type() -> None:
 def test_bad_instance_type_via_a_parameter_default() -> None:
     definition = broken(lambda d: parameter(d, "ProcessingInstanceType").update(DefaultValue="ml.bogus.large"))
     found = check_arguments(definition)
-    assert {p.split(":")[0] for p in found} == {"step ValidateData", "step EvaluateModel", "step ApproveModel"}
+    assert {p.split(":")[0] for p in found} == {"step ValidateData", "step EvaluateModel", "step ApproveModel",
+                                                "step RecordRejection"}
     only(found[:1], "Arguments.ProcessingResources.ClusterConfig.InstanceType: 'ml.bogus.large' is not one of",
          "ProcessingInstanceType", "[enum]")
 
 
 def test_over_max_length() -> None:
     def change(d: dict[str, Any]) -> None:
-        step(d, "TrainDAPO")["Arguments"]["HyperParameters"]["tokenizer"] = "t" * 2501
+        step(d, "TrainDAPO")["Arguments"]["HyperParameters"]["s3_output_path"] = "t" * 2501
 
-    only(check_arguments(broken(change)), "step TrainDAPO: Arguments.HyperParameters['tokenizer']",
+    only(check_arguments(broken(change)), "step TrainDAPO: Arguments.HyperParameters['s3_output_path']",
          "2501 characters", "[length]")
 
 

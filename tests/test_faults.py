@@ -6,9 +6,10 @@ with a clear error that says how to resume, and always:
 * no step is applied twice: the saved state's Adam step count equals the
   steps the checkpoint claims (and, at the end, the steps completed);
 * checkpoint.json always parses, read while the training process is writing it;
-* no session is left running, except the session of a SIGKILLed process: a
-  killed process can stop nothing, so only the service's idle timeout would
-  stop that one. The test asserts it was left Running, then stops it itself.
+* no session is left running. A SIGKILLed process can stop nothing: the next
+  start of the step stops its session (steps/platform/ownership.py), before it
+  creates its own, as a pipeline's training job would (the test keeps the local
+  register of running jobs that the local runner keeps).
 
 The helpers (argv, start_training, step_records, the toy_data fixture) are test_train's; this
 module adds the faults and the stronger assertions, and prints a table of the
@@ -17,7 +18,10 @@ faults tried and their outcomes in pytest's terminal summary.
 from __future__ import annotations
 
 import json
+import re
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +31,12 @@ import pytest
 from local.training_session.faults import Faults
 from steps import train
 from steps.dapo import state as ckpt_io
-from tests.test_train import argv, start_training, step_records, toy_data  # noqa: F401 (toy_data: fixture)
+from steps.platform.ownership import ENV_JOB, ENV_LOCAL_JOBS, ENV_PIPELINE, LocalJobs, Owner
+from tests import test_train
+from tests.test_train import ROOT, argv, start_training, step_records, subprocess_env
 
 pytestmark = pytest.mark.usefixtures("local_service")
+toy_data = test_train.toy_data  # the fixture, shared with test_train
 # Small and fast: 8 prompts x 8 samples per step on the toy task, a checkpoint every 2 steps.
 SETS = ("batch_size=8", "save_every=2", "eval_every=0")
 
@@ -182,36 +189,50 @@ def test_a_session_that_dies_mid_run_stops_with_a_resume_hint_and_the_rerun_fini
                     f"exit 1 with resume hint; rerun resumed at step {ckpt.step}, finished 8/8; Adam steps 8"))
 
 
-def test_sigkill_twice_then_restart_applies_every_step_once(tmp_path, toy_data, local_service):
-    """Both kills land right after a checkpoint step's train line, racing that
-    step's save_state and checkpoint write."""
+def start_job(tmp_path, data, service, owner: Owner, jobs: LocalJobs, *sets):
+    """steps.train as the pipeline's training job ``owner.job`` runs it."""
+    env = {**subprocess_env(service), ENV_PIPELINE: owner.pipeline, ENV_JOB: owner.job,
+           ENV_LOCAL_JOBS: str(jobs.directory)}
+    return subprocess.Popen([sys.executable, "-m", "steps.train", *argv(tmp_path, data, *sets)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT))
+
+
+def test_sigkill_twice_then_restart_stops_the_orphans_and_applies_every_step_once(tmp_path, toy_data, local_service):
+    """Both kills land right after a checkpoint step's train line, racing that step's save_state and checkpoint
+    write. The first restart is the same job starting its process again; after the second kill the job is over
+    (the pipeline retries the step as a new job). Each start stops the killed process's session first."""
     sets = (*SETS, "max_steps=6")
     ckpt_dir = tmp_path / "ckpt"
+    jobs = LocalJobs(tmp_path / "jobs")
+    first, retry = Owner("dapo-faults", "TrainDAPO-kill-1"), Owner("dapo-faults", "TrainDAPO-kill-2")
     before = {s["name"] for s in local_service.sessions()}
-    kills = []
-    for prefix in ("train: step=2 ", "train: step=4 "):
-        proc = start_training(tmp_path, toy_data, local_service, *sets)
-        read_until_checking(proc, prefix, local_service, ckpt_dir)
-        proc.kill()  # SIGKILL: no cleanup, possibly mid-write of checkpoint.json
-        proc.wait()
-        ckpt = checked_checkpoint(local_service, ckpt_dir)
-        kills.append(ckpt.step if ckpt else 0)
+    kills, swept = [], []
+    with jobs.running(first.job):
+        for prefix in ("train: step=2 ", "train: step=4 "):
+            proc = start_job(tmp_path, toy_data, local_service, first, jobs, *sets)
+            swept += re.findall(r"stopped orphaned training session (\S+)", "".join(
+                read_until_checking(proc, prefix, local_service, ckpt_dir)))
+            proc.kill()  # SIGKILL: no cleanup, possibly mid-write of checkpoint.json
+            proc.wait()
+            ckpt = checked_checkpoint(local_service, ckpt_dir)
+            kills.append(ckpt.step if ckpt else 0)
+        assert [s["status"] for s in new_sessions(local_service, before)] == ["Stopped", "Running"]
 
-    last = start_training(tmp_path, toy_data, local_service, *sets)
+    last = start_job(tmp_path, toy_data, local_service, retry, jobs, *sets)
     out = finish(last, local_service, ckpt_dir)
+    swept += re.findall(r"stopped orphaned training session (\S+)", out)
     assert last.returncode == 0, out
     assert "resuming from" in out
     assert_finished(tmp_path, local_service, 6)
 
-    # The killed processes' sessions are still Running: nothing client-side can stop them,
-    # only the service's idle timeout would. The finished run's session is stopped.
+    # Each killed session was stopped by the start after it, before that start created its own; none is left.
     mine = new_sessions(local_service, before)
-    orphans = running(mine)
-    assert len(mine) == 3 and len(orphans) == 2
-    for s in orphans:
-        local_service.state.find(s["name"]).stop()
+    assert [s["name"] for s in mine] == [first.session_name(1), first.session_name(2), retry.session_name(1)]
+    assert swept == [first.session_name(1), first.session_name(2)]
+    assert not running(mine)
     ROWS.append(Row("SIGKILL x2, then restart", f"killed with checkpoints at steps {kills}",
-                    "restart finished 6/6; Adam steps 6; 2 killed sessions left Running (idle timeout's job)"))
+                    "each start stopped the killed run's session first; restart finished 6/6; Adam steps 6; "
+                    "0 sessions left Running"))
 
 
 def test_sigterm_stops_the_session_and_the_rerun_resumes(tmp_path, toy_data, local_service):

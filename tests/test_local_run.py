@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from mlflow.tracking import MlflowClient
 
 from local import run
 
@@ -21,7 +21,7 @@ def _run(tmp_path, *extra):
 
 
 def _run_dir(tmp_path) -> Path:
-    (d,) = list((tmp_path / "runs").iterdir())
+    (d,) = [p for p in (tmp_path / "runs").iterdir() if (p / "summary.txt").exists()]  # beside the MLflow store
     return d
 
 
@@ -31,7 +31,8 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     d = _run_dir(tmp_path)
-    for name in ("validation.json", "metrics.jsonl", "evaluation.json", "evaluation_base.json", "curves.png", "summary.txt"):
+    for name in ("validation.json", "metrics.jsonl", "evaluation.json", "evaluation_base.json", "curves.png",
+                 "summary.txt"):
         assert (d / name).exists(), name
     # The steps ran in the definition's order, the condition chose the approve branch.
     order = [l.split("]")[0][1:] for l in out.splitlines() if l.endswith(")") and " started (" in l]
@@ -45,6 +46,18 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert "left running: 0" in out and "model approved" in out
     assert json.loads((tmp_path / "pipeline.json").read_text())["Version"] == "2020-12-01"
 
+    # The local MLflow store under the runs dir has the run: its params and one point per step.
+    store = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
+    assert f"mlflow ui --backend-store-uri {store}" in out
+    client = MlflowClient(tracking_uri=store)
+    [mlflow_run] = client.search_runs([client.get_experiment_by_name("dapo-local").experiment_id])
+    assert mlflow_run.data.params["dapo.max_steps"] == "15"
+    assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "step/reward_mean")] == list(range(1, 16))
+    assert mlflow_run.data.metrics["final_eval/accuracy"] == trained["metrics"]["accuracy"]["value"]
+    assert mlflow_run.data.metrics["base_eval/accuracy"] == base["metrics"]["accuracy"]["value"]
+    assert {a.path for a in client.list_artifacts(mlflow_run.info.run_id)} == {
+        "evaluation.json", "predictions.jsonl", "curves.png"}
+
 
 def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     code = _run(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "MaxSteps=2",
@@ -53,9 +66,28 @@ def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     assert code == 1
     accuracy = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())["metrics"]["accuracy"]["value"]
     fail_line = next(l for l in out.splitlines() if l.startswith("[AccuracyTooLow] Failed"))
-    assert f"Accuracy {accuracy} is below the AccuracyThreshold 0.99" in fail_line
-    assert "ApproveModel" not in out
+    assert f"Not approved: accuracy {accuracy} against the AccuracyThreshold 0.99, optimizer steps completed 2" \
+        in fail_line
+    assert "ApproveModel" not in out and "[RecordRejection] Succeeded" in out
+    assert "model package: Rejected" in out
     assert (_run_dir(tmp_path) / "evaluation_base.json").exists()
+
+
+def test_a_run_the_cap_stopped_before_its_first_step_is_never_approved(tmp_path, capsys):
+    """Even at AccuracyThreshold 0: the base weights it evaluated are recorded as rejected, and the summary says
+    that training stopped early and why."""
+    # Two samples per prompt: few groups have mixed rewards, so one generation batch cannot fill a step.
+    code = _run(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "GroupSize=2",
+                "--param", "MaxNumGenBatches=1", "--param", "EvalSize=20", "--param", "AccuracyThreshold=0")
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "[CheckAccuracy] Succeeded in" in out and ": false" in out
+    assert "[RecordRejection] Succeeded" in out and "ApproveModel" not in out
+    assert "optimizer steps completed 0 (at least 1 needed)" in out
+    assert "training STOPPED EARLY after 0 optimizer steps: step 1: only" in out
+    assert "model package: Rejected" in out
+    evaluation = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())
+    assert evaluation["training"]["stopped_early"] is True and evaluation["training"]["steps_completed"] == 0
 
 
 def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, capsys):

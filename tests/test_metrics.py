@@ -5,9 +5,9 @@ from steps.dapo.sampling import Group, Rollout, StepBatch
 from steps.gsm8k.reward import Grade
 
 
-def group(i, rewards):
+def group(i, rewards, sampler_step=2):
     return Group(i, (0,), tuple(Rollout((1, 2), (-1.0, -1.0), "stop", float(r), Grade(bool(r), True, None))
-                                for r in rewards))
+                                for r in rewards), sampler_step)
 
 
 def step_batch(sampled, kept, carry=()):
@@ -19,11 +19,12 @@ def test_figures_come_from_the_groups_sampled_this_step():
     sampled = [group(0, [1, 0]), group(1, [0, 0]), group(2, [1, 1])]
     batch = step_batch(sampled, kept=sampled[:1])
     record = {**metrics.sampling_figures(3, batch),
-              **metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": -0.5}, 1.5)}
+              **metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": -0.5}, 1.5, 3)}
     assert record["reward_mean"] == 0.5 and record["accuracy"] == 0.5
     assert record["filtered_frac"] == 2 / 3 and record["filtered_all_wrong_frac"] == 1 / 3
     assert metrics.line("train", record, metrics.TRAIN_FIELDS) == (
-        "train: step=3 reward_mean=0.5000 accuracy=0.5000 loss=-0.5 tokens=4 seconds=1.50")
+        "train: step=3 reward_mean=0.5000 accuracy=0.5000 loss=-0.5 tokens=4 seconds=1.50 accuracy_lenient=0.5000 "
+        "completion_tokens_mean=2.0 truncated_frac=0.0000 off_policy_steps=0")
     assert metrics.line("sampling", record, metrics.SAMPLING_FIELDS) == (
         "sampling: step=3 gen_batches=1 groups_sampled=3 filtered_frac=0.6667 kept_groups=1 empty_rollouts=0")
 
@@ -31,9 +32,20 @@ def test_figures_come_from_the_groups_sampled_this_step():
 def test_a_step_filled_by_carried_groups_reports_the_groups_it_trains_on():
     carried = [group(0, [1, 0]), group(1, [1, 1, 1, 0])]
     batch = step_batch(sampled=[], kept=carried)
-    record = metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": 0.0}, 0.1)
+    record = metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": 0.0}, 0.1, 4)
     assert record["reward_mean"] == 4 / 6 and record["accuracy"] == 4 / 6  # not 0 for "nothing sampled"
     assert metrics.sampling_figures(4, batch)["filtered_frac"] == 0.0
+
+
+def test_lengths_cut_offs_and_off_policy_steps_of_a_step():
+    fresh = Group(0, (0,), (Rollout((1,) * 512, (-1.0,) * 512, "length", 0.0, Grade(False, False, None)),
+                            Rollout((1, 2), (-1.0, -1.0), "stop", 1.0, Grade(True, True, "7"))), sampler_step=4)
+    carried = group(1, [1, 0], sampler_step=3)  # sampled for the step before: one step older
+    batch = step_batch([fresh], kept=[carried, fresh])
+    record = metrics.train_figures(batch, train_samples(batch.kept, False, True), {}, 1.0, 5, stale_dropped=2)
+    assert record["completion_tokens_mean"] == 257 and record["truncated_frac"] == 0.5
+    assert record["off_policy_steps"] == 1 and record["stale_groups_dropped"] == 2
+    assert metrics.train_figures(step_batch([fresh], [fresh]), [], {}, 1.0, 5)["off_policy_steps"] == 0
 
 
 def test_records_go_to_the_lines_the_jsonl_and_every_tracker(tmp_path):

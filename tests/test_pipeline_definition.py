@@ -141,7 +141,8 @@ def test_steps_and_types(definition):
     ]
     check = step(definition, "CheckAccuracy")["Arguments"]
     assert [(s["Name"], s["Type"]) for s in check["IfSteps"]] == [("ApproveModel", "Processing")]
-    assert [(s["Name"], s["Type"]) for s in check["ElseSteps"]] == [("AccuracyTooLow", "Fail")]
+    assert [(s["Name"], s["Type"]) for s in check["ElseSteps"]] == [("RecordRejection", "Processing"),
+                                                                     ("AccuracyTooLow", "Fail")]
 
 
 def test_every_reference_resolves(definition):
@@ -152,7 +153,7 @@ def test_every_reference_resolves(definition):
         if kind == "Parameters":
             assert rest in params, ref
         elif kind == "Execution":
-            assert rest == "PipelineExecutionId", ref
+            assert rest in ("PipelineExecutionId", "PipelineExecutionArn", "PipelineName"), ref
         else:
             assert kind == "Steps", ref
             name, _, path = rest.partition(".")
@@ -177,8 +178,10 @@ def test_the_dag_follows_the_data(definition):
     assert upstream["TrainDAPO"] == {"ValidateData"}
     assert upstream["EvaluateModel"] == {"ValidateData", "TrainDAPO"}
     assert upstream["CheckAccuracy"] >= {"EvaluateModel"}
-    assert upstream["ApproveModel"] == {"TrainDAPO", "EvaluateModel"}
-    assert not any("DependsOn" in s for s in all_steps(definition))
+    assert upstream["ApproveModel"] == upstream["RecordRejection"] == {"TrainDAPO", "EvaluateModel"}
+    # The one ordering no data carries: the rejection is on the package before the execution fails.
+    assert {s["Name"]: s["DependsOn"] for s in all_steps(definition) if "DependsOn" in s} == {
+        "AccuracyTooLow": ["RecordRejection"]}
 
 
 def test_validate_step_contract(definition):
@@ -189,8 +192,13 @@ def test_validate_step_contract(definition):
     container_args = app["ContainerArguments"]
     assert container_args[:4] == ["--train", "/opt/ml/processing/input/train", "--eval", "/opt/ml/processing/input/eval"]
     assert container_args[4] == "--batch-size" and gets(container_args[5]) == {"Parameters.BatchSize"}
-    assert container_args[6:] == ["--output", "/opt/ml/processing/output/validated"]
+    assert container_args[6:8] == ["--output", "/opt/ml/processing/output/validated"]
+    # The prompt-length check: the base model (its tokenizer and context from the Hub), the completion
+    # budget and the chat-template arguments of the config, as TrainDAPO will render the prompts.
+    assert container_args[8:] == ["--base-model", {"Get": "Parameters.BaseModel"}, "--max-tokens", "512",
+                                  "--chat-template-kwargs", "{}", "--region", "us-west-2"]
     ins = inputs(step(definition, "ValidateData"))
+    assert set(ins) == {"train", "eval"}  # no tokenizer input unless pipeline.tokenizer_s3_uri is set
     assert ins["train"]["S3Uri"] == {"Get": "Parameters.TrainDataS3Uri"}
     assert ins["train"]["LocalPath"] == "/opt/ml/processing/input/train"
     assert ins["eval"]["S3Uri"] == {"Get": "Parameters.EvalDataS3Uri"}
@@ -232,7 +240,8 @@ def test_hyperparameters_carry_the_whole_config(definition, built):
     hps = step(definition, "TrainDAPO")["Arguments"]["HyperParameters"]
     for key in ("batch_size", "group_size", "max_steps", "learning_rate", "max_num_gen_batches",
                 "clip_low_threshold", "clip_high_threshold", "eval_size", "base_model",
-                "role_arn", "model_package_group_arn", "s3_output_path", "region", "tokenizer"):
+                "role_arn", "model_package_group_arn", "s3_output_path", "region", "chat_template_kwargs",
+                "max_context_tokens", "reward_format"):
         assert key in hps, key
     for name, key in HYPERPARAMETERS.items():
         assert gets(hps[key]) == {f"Parameters.{name}"}, key
@@ -263,23 +272,87 @@ def test_evaluate_step_contract(definition):
 
 
 def test_condition_and_branches(definition):
+    """Approved only at or above the threshold AND after at least one optimizer step (a run the cap stopped
+    first evaluated the base weights); otherwise the package records the rejection, then the execution fails."""
     check = step(definition, "CheckAccuracy")["Arguments"]
-    [cond] = check["Conditions"]
     accuracy = {"Std:JsonGet": {"PropertyFile": {"Get": REPORT}, "Path": "metrics.accuracy.value"}}
-    assert cond == {"Type": "GreaterThanOrEqualTo", "LeftValue": accuracy,
-                    "RightValue": {"Get": "Parameters.AccuracyThreshold"}}
-
-    approve = step(definition, "ApproveModel")["Arguments"]
-    assert approve["AppSpecification"]["ContainerEntrypoint"] == ["python", "-m", "steps.approve"]
-    assert approve["AppSpecification"]["ContainerArguments"] == [
-        "--model", "/opt/ml/processing/input/model", "--evaluation", "/opt/ml/processing/input/evaluation"
+    steps_completed = {"Std:JsonGet": {"PropertyFile": {"Get": REPORT}, "Path": "training.steps_completed"}}
+    assert check["Conditions"] == [
+        {"Type": "GreaterThanOrEqualTo", "LeftValue": accuracy, "RightValue": {"Get": "Parameters.AccuracyThreshold"}},
+        {"Type": "GreaterThanOrEqualTo", "LeftValue": steps_completed, "RightValue": 1},
     ]
-    ins = inputs(step(definition, "ApproveModel"))
-    assert ins["model"]["S3Uri"] == {"Get": MODEL}
-    assert ins["evaluation"]["S3Uri"] == {"Get": EVALUATION}
+
+    for name, extra in (("ApproveModel", []), ("RecordRejection", ["--reject"])):
+        app = step(definition, name)["Arguments"]["AppSpecification"]
+        assert app["ContainerEntrypoint"] == ["python", "-m", "steps.approve"]
+        args = app["ContainerArguments"]
+        assert args[:6] == ["--model", "/opt/ml/processing/input/model", "--evaluation",
+                            "/opt/ml/processing/input/evaluation", "--execution-arn",
+                            {"Get": "Execution.PipelineExecutionArn"}]
+        assert args[6] == "--accuracy-threshold" and gets(args[7]) == {"Parameters.AccuracyThreshold"}
+        assert args[8:] == extra
+        ins = inputs(step(definition, name))
+        assert ins["model"]["S3Uri"] == {"Get": MODEL}
+        assert ins["evaluation"]["S3Uri"] == {"Get": EVALUATION}
 
     message = join_of(step(definition, "AccuracyTooLow")["Arguments"]["ErrorMessage"])
-    assert accuracy in message and {"Get": "Parameters.AccuracyThreshold"} in message
+    assert accuracy in message and {"Get": "Parameters.AccuracyThreshold"} in message and steps_completed in message
+
+
+OWNER_ENVIRONMENT = {"DAPO_PIPELINE_NAME": {"Get": "Execution.PipelineName"},
+                     "DAPO_PIPELINE_EXECUTION_ARN": {"Get": "Execution.PipelineExecutionArn"}}
+
+
+def test_mlflow_is_off_unless_configured(definition):
+    assert definition["MlflowConfig"] is None
+    # What TrainDAPO always gets: whose job it is (its session's name, the orphan sweep).
+    assert step(definition, "TrainDAPO")["Arguments"]["Environment"] == OWNER_ENVIRONMENT
+
+
+def test_a_tracking_server_builds_the_mlflow_config_and_reaches_the_training_job(tmp_path):
+    from pipeline.definition import build_definition
+
+    server = "arn:aws:sagemaker:us-west-2:123456789012:mlflow-tracking-server/dapo"
+    raw = load_yaml(LOCAL)
+    for experiment, expected in ((None, raw["pipeline"]["name"]), ("clip-sweep", "clip-sweep")):
+        path = tmp_path / f"{expected}.yaml"
+        path.write_text(json.dumps({**raw, "pipeline": {**raw["pipeline"], "mlflow_tracking_arn": server,
+                                                        "mlflow_experiment": experiment}}))
+        definition = build_definition(*load(path))
+        assert definition["MlflowConfig"] == {"MlflowResourceArn": server, "MlflowExperimentName": expected}
+        assert step(definition, "TrainDAPO")["Arguments"]["Environment"] == {
+            "MLFLOW_TRACKING_URI": server, "MLFLOW_EXPERIMENT_NAME": expected, **OWNER_ENVIRONMENT}
+
+
+def test_the_tokenizer_channel_and_the_chat_template_arguments_reach_every_step(tmp_path):
+    """pipeline.tokenizer_s3_uri: TrainDAPO's `tokenizer` channel, ValidateData's and EvaluateModel's input and
+    --tokenizer argument; session.chat_template_kwargs and max_context_tokens: ValidateData's arguments and the
+    hyperparameters, read back as the same config."""
+    from pipeline.definition import build_definition
+
+    raw = load_yaml(LOCAL)
+    raw["pipeline"]["tokenizer_s3_uri"] = "s3://dapo-local/tokenizers/qwen3-6-27b"
+    raw["session"].update(chat_template_kwargs={"enable_thinking": False, "note": "a long value " * 8},
+                          max_context_tokens=32768)
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(raw))
+    definition = build_definition(*load(path))
+    uri, local = "s3://dapo-local/tokenizers/qwen3-6-27b/", "/opt/ml/processing/input/tokenizer"
+    for name in ("ValidateData", "EvaluateModel"):
+        assert inputs(step(definition, name))["tokenizer"] == {**inputs(step(definition, name))["tokenizer"],
+                                                               "S3Uri": uri, "LocalPath": local}
+        args = step(definition, name)["Arguments"]["AppSpecification"]["ContainerArguments"]
+        assert args[args.index("--tokenizer") + 1] == local
+    args = step(definition, "ValidateData")["Arguments"]["AppSpecification"]["ContainerArguments"]
+    assert json.loads(args[args.index("--chat-template-kwargs") + 1]) == raw["session"]["chat_template_kwargs"]
+    assert args[args.index("--max-context-tokens") + 1] == "32768"
+    train = step(definition, "TrainDAPO")["Arguments"]
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in train["InputDataConfig"]}
+    assert channels["tokenizer"] == uri
+    hps = train["HyperParameters"]
+    run = config_from_dict(apply_overrides({}, {k: v for k, v in hps.items() if isinstance(v, str)}, "hp"), "hp")
+    assert run.session.chat_template_kwargs == raw["session"]["chat_template_kwargs"]
+    assert run.session.max_context_tokens == 32768
 
 
 def test_parameters_and_their_defaults_come_from_the_config(definition, built):
@@ -316,12 +389,13 @@ def test_job_steps_retry_capacity_and_throttling(definition):
 
 LINES = {
     "sampling": "sampling: step=3 gen_batches=2 groups_sampled=64 filtered_frac=0.4531 kept_groups=35 empty_rollouts=0",
-    "train": "train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21",
+    "train": "train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21 "
+             "accuracy_lenient=0.5156",
     "eval": "eval: step=10 accuracy=0.5300",
 }
 EXPECTED = {
     "train:reward_mean": 0.4219, "train:accuracy": 0.4219, "train:loss": -0.0123,
-    "train:tokens": 12345, "train:seconds": 4.21,
+    "train:tokens": 12345, "train:seconds": 4.21, "train:accuracy_lenient": 0.5156,
     "sampling:gen_batches": 2, "sampling:groups_sampled": 64, "sampling:filtered_frac": 0.4531,
     "sampling:kept_groups": 35, "sampling:empty_rollouts": 0, "eval:accuracy": 0.53,
 }
@@ -347,10 +421,10 @@ def test_each_metric_reads_its_own_log_line(definition):
 
 def test_metrics_read_signed_and_exponent_numbers(definition):
     regexes = metric_regexes(definition)
-    line = "train: step=12 reward_mean=-1.5e-05 accuracy=1 loss=2.5E+3 tokens=7 seconds=.5"
+    line = "train: step=12 reward_mean=-1.5e-05 accuracy=1 loss=2.5E+3 tokens=7 seconds=.5 accuracy_lenient=1"
     got = {n: float(re.search(r, line).group(1)) for n, r in regexes.items() if n.startswith("train:")}
     assert got == {"train:reward_mean": -1.5e-05, "train:accuracy": 1.0, "train:loss": 2500.0,
-                   "train:tokens": 7.0, "train:seconds": 0.5}
+                   "train:tokens": 7.0, "train:seconds": 0.5, "train:accuracy_lenient": 1.0}
 
 
 # -- config ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def test_take_is_a_permutation_per_epoch_and_resumable():
 
 def _ckpt(step=3):
     group = Group(5, (1, 2), (Rollout((3, 4), (-0.5, -0.25), "stop", 1.0, Grade(True, True, "4")),
-                              Rollout((9,), (-2.0,), "length", 0.0, Grade(False, False, None))))
+                              Rollout((9,), (-2.0,), "length", 0.0, Grade(False, False, None))), sampler_step=2)
     return LoopState(seed=0, step=step, position=DataPosition(1, 7), gen_batches_drawn=11, carry=(group,),
                      kept_groups=5, sampled_groups=9, state_model_package_arn="arn:state",
                      sampler_model_package_arn="arn:w")

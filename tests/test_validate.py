@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from steps import validate
 from steps.gsm8k import data, rules
 from steps.gsm8k.data import DataError, Example, iter_lines, jsonl_files, load_examples
 from steps.gsm8k.rules import DigestSet
-from steps import validate
 from steps.validate import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +26,8 @@ def row(question: str, answer: str = "3 + 4 = <<3+4=7>>7\n#### 7", **extra) -> d
 
 def good_rows(n: int, who: str = "Ann") -> list[dict]:
     return [
-        row(f"{who} has {i} apples and buys 4 more. How many apples does {who} have?", f"{i} + 4 = <<{i}+4={i + 4}>>{i + 4}\n#### {i + 4}")
+        row(f"{who} has {i} apples and buys 4 more. How many apples does {who} have?",
+            f"{i} + 4 = <<{i}+4={i + 4}>>{i + 4}\n#### {i + 4}")
         for i in range(n)
     ]
 
@@ -46,7 +47,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def run(train: Path, eval_: Path, out: Path, batch_size: int = 2, *extra: str) -> tuple[int, dict]:
-    rc = main(["--train", str(train), "--eval", str(eval_), "--batch-size", str(batch_size), "--output", str(out), *extra])
+    rc = main(["--train", str(train), "--eval", str(eval_), "--batch-size", str(batch_size), "--output", str(out),
+               *extra])
     report = json.loads((out / "validation.json").read_text()) if (out / "validation.json").exists() else {}
     return rc, report
 
@@ -80,7 +82,8 @@ BAD_ROWS = [
     ("word-number", row("Q?", "#### seven"), data.NO_FINAL_ANSWER),
     ("empty-answer", row("Q?", ""), data.NO_FINAL_ANSWER),
     ("duplicate", GOOD[1], rules.DUPLICATE_QUESTION),
-    ("duplicate-case-space", row("  ANN has 1 apples and buys 4 more.  How many apples does Ann have?"), rules.DUPLICATE_QUESTION),
+    ("duplicate-case-space", row("  ANN has 1 apples and buys 4 more.  How many apples does Ann have?"),
+     rules.DUPLICATE_QUESTION),
     ("line-too-long", LONG, data.LINE_TOO_LONG),
 ]
 
@@ -92,7 +95,8 @@ def test_each_defect_is_rejected_with_its_reason(tmp_path, eval_file, bad, reaso
     assert rc == 0
     split = report["splits"]["train"]
     assert split["rejected_by_reason"] == {reason: 1}
-    assert split["first_rejected"][0] | {"detail": ""} == {"file": str(train), "line": 5, "reason": reason, "detail": ""}
+    assert split["first_rejected"][0] | {"detail": ""} == {"file": str(train), "line": 5, "reason": reason,
+                                                           "detail": ""}
     assert (split["rows"], split["kept"]) == (6, 5)
     assert read_jsonl(tmp_path / "out" / "train.jsonl") == [*GOOD, row("Last row still read?")]
 
@@ -158,9 +162,11 @@ def test_directory_input_reads_every_jsonl_file_in_order(tmp_path, eval_file):
     split = report["splits"]["train"]
     assert [i["file"] for i in split["inputs"]] == [str(a), str(b)]
     assert split["first_rejected"][0] == {
-        "file": str(b), "line": 2, "reason": rules.DUPLICATE_QUESTION, "detail": "an earlier row asks it, ignoring case and spacing"
+        "file": str(b), "line": 2, "reason": rules.DUPLICATE_QUESTION,
+        "detail": "an earlier row asks it, ignoring case and spacing"
     }
-    assert read_jsonl(tmp_path / "out" / "train.jsonl") == [*good_rows(2), row("Bo has 1 pen. How many pens?", "#### 1")]
+    assert read_jsonl(tmp_path / "out" / "train.jsonl") == [*good_rows(2),
+                                                             row("Bo has 1 pen. How many pens?", "#### 1")]
 
 
 def test_too_few_train_rows_is_refused_and_leaves_no_cleaned_file(tmp_path, eval_file, capsys):
@@ -174,7 +180,8 @@ def test_too_few_train_rows_is_refused_and_leaves_no_cleaned_file(tmp_path, eval
     assert rc == 2
     assert sorted(os.listdir(out)) == ["validation.json"]  # stale and temp files gone
     err = capsys.readouterr().err
-    for part in (str(train), "3 usable rows", "--batch-size 8", "5 rows read", "2 rejected", f"{train}:4: invalid JSON", f"{train}:5: missing answer", "fix:", "at most 3"):
+    for part in (str(train), "3 usable rows", "--batch-size 8", "5 rows read", "2 rejected",
+                 f"{train}:4: invalid JSON", f"{train}:5: missing answer", "fix:", "at most 3"):
         assert part in err
     assert "Traceback" not in err
     assert report["status"] == "refused"
@@ -183,7 +190,8 @@ def test_too_few_train_rows_is_refused_and_leaves_no_cleaned_file(tmp_path, eval
     assert report["outputs"] == {}
 
 
-@pytest.mark.parametrize("eval_lines", [[], [b"", b"{}"], [row("Q?", "#### x")]], ids=["empty-file", "only-bad", "no-answer"])
+@pytest.mark.parametrize("eval_lines", [[], [b"", b"{}"], [row("Q?", "#### x")]],
+                         ids=["empty-file", "only-bad", "no-answer"])
 def test_eval_without_usable_rows_is_refused(tmp_path, eval_lines, capsys):
     eval_ = write_jsonl(tmp_path / "eval.jsonl", eval_lines)
     rc, report = run(write_jsonl(tmp_path / "train.jsonl", GOOD), eval_, tmp_path / "out")
@@ -205,7 +213,8 @@ def test_missing_inputs_are_refused_naming_every_path(tmp_path, capsys):
 
 
 def test_bad_arguments_exit_2(tmp_path, eval_file, capsys):
-    assert main(["--train", str(eval_file), "--eval", str(eval_file), "--batch-size", "0", "--output", str(tmp_path)]) == 2
+    assert main(["--train", str(eval_file), "--eval", str(eval_file), "--batch-size", "0",
+                 "--output", str(tmp_path)]) == 2
     assert "--batch-size: must be >= 1" in capsys.readouterr().err
 
 
@@ -224,7 +233,8 @@ def test_a_crash_exits_1_with_a_short_message_and_no_partial_output(tmp_path, ev
 def test_cli_exit_code_and_message(tmp_path, eval_file):
     train = write_jsonl(tmp_path / "train.jsonl", good_rows(1))
     proc = subprocess.run(
-        [sys.executable, "-m", "steps.validate", "--train", str(train), "--eval", str(eval_file), "--batch-size", "4", "--output", str(tmp_path / "out")],
+        [sys.executable, "-m", "steps.validate", "--train", str(train), "--eval", str(eval_file), "--batch-size", "4",
+         "--output", str(tmp_path / "out")],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
@@ -236,7 +246,8 @@ def test_load_examples_names_file_and_line_of_a_bad_row(tmp_path):
     f = write_jsonl(tmp_path / "clean.jsonl", [*GOOD, {"question": "Q?", "answer": "no number"}])
     with pytest.raises(ValueError, match=rf"clean.jsonl:5: {data.NO_FINAL_ANSWER}"):
         load_examples(f)
-    assert load_examples(write_jsonl(f, GOOD[:2])) == [Example(GOOD[0]["question"], "4"), Example(GOOD[1]["question"], "5")]
+    assert load_examples(write_jsonl(f, GOOD[:2])) == [Example(GOOD[0]["question"], "4"),
+                                                       Example(GOOD[1]["question"], "5")]
 
 
 def test_jsonl_files_and_iter_lines(tmp_path):
@@ -261,7 +272,8 @@ def _peak_bytes(tmp_path: Path, rows: int, eval_: Path) -> tuple[int, int]:
     train = tmp_path / f"train{rows}.jsonl"
     with open(train, "w") as f:
         for i in range(rows):
-            f.write(json.dumps(row(f"Ann has {i} apples and buys 4 more. How many apples does she have?", f"{i} + 4 = {i + 4}\n#### {i + 4}")) + "\n")
+            question = f"Ann has {i} apples and buys 4 more. How many apples does she have?"
+            f.write(json.dumps(row(question, f"{i} + 4 = {i + 4}\n#### {i + 4}")) + "\n")
     tracemalloc.start()
     try:
         report = validate.validate(str(train), str(eval_), 8, tmp_path / f"out{rows}")
@@ -280,3 +292,88 @@ def test_memory_stays_flat_in_file_size(tmp_path, eval_file):
     # What remains per row is its 8-byte question digest (briefly twice while
     # merging), against ~140 bytes of file per row.
     assert (big_peak - small_peak) / 180_000 < 32, (small_peak, big_peak)
+
+
+# -- prompts too long for the model ---------------------------------------------------------------
+# The base model's tokenizer and context come from its Hub record: the local service's for the toy
+# (HuggingfaceId: the toy's tokenizer files; RecipeCollection SequenceLength "1K" = 1024 tokens).
+
+
+def toy_prompt_tokens(question: str) -> int:
+    from local.training_session.toy.tokenizer import ToyTokenizer
+    from steps.gsm8k.prompt import render_prompt
+
+    return len(render_prompt(ToyTokenizer(), question))
+
+
+def model_args(*extra: str) -> list[str]:
+    from tests.local_service import BASE_MODEL_ARN
+
+    return ["--base-model", BASE_MODEL_ARN, *extra]
+
+
+@pytest.mark.usefixtures("local_service")
+def test_prompts_that_fit_the_hubs_context_are_kept(tmp_path, eval_file):
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    rc, report = run(train, eval_file, tmp_path / "out", 2, *model_args("--max-tokens", "512"))
+    assert rc == 0 and report["kept"] == {"eval": 3, "train": 4}
+    assert report["prompt_budget"]["max_tokens"] == 512 and report["prompt_budget"]["context_tokens"] == 1024
+    assert "local-toy-arith" in report["prompt_budget"]["source"]
+
+
+@pytest.mark.usefixtures("local_service")
+def test_a_question_whose_prompt_and_max_tokens_exceed_the_context_is_rejected_naming_row_and_limit(
+        tmp_path, eval_file, capsys):
+    long = row("Ann has 3 apples and buys 4 more. " * 3 + "How many apples does Ann have?")
+    train = write_jsonl(tmp_path / "train.jsonl", [*GOOD, long])
+    n = toy_prompt_tokens(long["question"])
+    limit = str(512 + n - 1)  # one token short for the long question, room for the short ones
+    rc, report = run(train, eval_file, tmp_path / "out", 2, *model_args("--max-tokens", "512",
+                                                                         "--max-context-tokens", limit))
+    assert rc == 0 and report["kept"]["train"] == 4
+    [rejected] = report["splits"]["train"]["first_rejected"]
+    assert rejected["line"] == 5 and rejected["reason"] == data.PROMPT_TOO_LONG
+    assert rejected["detail"] == (f"{n} prompt tokens + max_tokens 512 = {n + 512} > {limit}, the context of "
+                                  "session.max_context_tokens")
+    assert "prompt too long for the model 1" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("local_service")
+def test_max_tokens_no_prompt_fits_is_refused(tmp_path, eval_file, capsys):
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    rc, report = run(train, eval_file, tmp_path / "out", 2, *model_args("--max-tokens", "1000"))
+    assert rc == 2 and report["status"] == "refused"
+    err = capsys.readouterr().err
+    assert "eval data has no usable rows" in err and f"{eval_file}:1: prompt too long for the model (" in err
+    assert "+ max_tokens 1000 = " in err and "> 1024, the context of arn:aws:sagemaker:" in err
+
+
+def test_with_a_tokenizer_directory_no_hub_is_asked(tmp_path, eval_file, monkeypatch, capsys):
+    """A job without network: the files of pipeline.tokenizer_s3_uri, the context from the setting."""
+    from local.training_session.toy.tokenizer import HF_FILES
+    from tests.local_service import ENDPOINT_ENV_VARS
+
+    for var in ENDPOINT_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    rc, report = run(train, eval_file, tmp_path / "a", 2, *model_args("--tokenizer", str(HF_FILES),
+                                                                       "--max-tokens", "512"))
+    assert rc == 0 and report["prompt_budget"] is None  # no context known: not checked, and said so
+    assert "prompt lengths not checked" in capsys.readouterr().out
+    rc, report = run(train, eval_file, tmp_path / "b", 2, *model_args("--tokenizer", str(HF_FILES),
+                                                                       "--max-tokens", "512",
+                                                                       "--max-context-tokens", "530"))
+    assert rc == 2 and report["splits"]["train"]["rejected_by_reason"] == {data.PROMPT_TOO_LONG: 4}
+
+
+@pytest.mark.usefixtures("local_service")
+def test_the_prompt_check_needs_max_tokens_and_a_base_model_the_hub_has(tmp_path, eval_file, capsys):
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    assert run(train, eval_file, tmp_path / "a", 2, *model_args())[0] == 2
+    assert "--max-tokens is required" in capsys.readouterr().err
+    rc, _ = run(train, eval_file, tmp_path / "b", 2, "--base-model", "arn:aws:sagemaker:us-west-2:aws:hub-content/"
+                "SageMakerPublicHub/Model/no-such-model/1.0.0", "--max-tokens", "512")
+    assert rc == 2 and "Could not resolve base model" in capsys.readouterr().err
+    assert main(["--train", str(train), "--eval", str(eval_file), "--batch-size", "2", "--output",
+                 str(tmp_path / "c"), "--chat-template-kwargs", "[1]"]) == 2
+    assert "must be a JSON object" in capsys.readouterr().err

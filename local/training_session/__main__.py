@@ -7,7 +7,8 @@ Point the SDK at it with::
     export SAGEMAKER_TRAINING_SESSION_ENDPOINT=http://HOST:PORT
     export SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT=http://HOST:PORT
 
-Fault flags override the ``LOCAL_TS_*`` environment variables (see ``faults.py``).
+Fault and cost-model flags override the ``LOCAL_TS_*`` environment variables (see
+``faults.py`` and ``costs.py``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import signal
 import sys
 import threading
 
+from local.training_session import costs as cost_model
+from local.training_session.costs import Costs
 from local.training_session.faults import ENV_VARS, Faults
 from local.training_session.server import start_service
 
@@ -34,28 +37,38 @@ def _parser() -> argparse.ArgumentParser:
     faults.add_argument("--sampling-fail-rate", type=float, help="fraction of sampling operations that end Failed")
     faults.add_argument("--fail-session-after", type=int, help="a session fails after this many operations")
     faults.add_argument("--fault-seed", dest="seed", type=int, help="seed for the fault rates")
+    costs = p.add_argument_group("cost model (default: off; env: " + ", ".join(cost_model.ENV_VARS.values()) + ")")
+    costs.add_argument("--cost-model", dest="enabled", action="store_const", const=True,
+                       help="operations take the simulated time of the real service's GPUs")
+    costs.add_argument("--time-scale", type=float, help="simulated seconds per wall-clock second (default 1)")
+    costs.add_argument("--decode-tokens-per-s", type=float, help="the sampler's decode throughput, shared")
+    costs.add_argument("--token-latency-ms", type=float, help="per-token latency of a sequence under capacity")
+    costs.add_argument("--prefill-tokens-per-s", type=float, help="prompt tokens prefilled per second")
+    costs.add_argument("--train-tokens-per-s", type=float, help="forward_backward tokens per second")
+    costs.add_argument("--optim-step-s", type=float, help="seconds of an optim_step")
+    costs.add_argument("--save-weights-s", type=float, help="seconds of a save_weights_for_sampler")
+    costs.add_argument("--save-state-s", type=float, help="seconds of a save_state (or load_state)")
+    costs.add_argument("--shared-gpus", action="store_const", const=True,
+                       help="sampling and training share the GPUs: training pauses decoding")
+    costs.add_argument("--virtual-time", action="store_const", const=True,
+                       help="simulated time passes only while every request waits on the simulated GPUs")
     return p
 
 
-def _faults(args: argparse.Namespace) -> Faults:
+def _settings(kind: type[Faults] | type[Costs], args: argparse.Namespace) -> Faults | Costs:
     """Environment first, then the flags that were given."""
-    values = Faults.from_env().to_dict()
-    for field in dataclasses.fields(Faults):
-        flag = getattr(args, field.name, None)
-        if flag is not None:
-            values[field.name] = flag
-    return Faults(**values)
+    return kind.overridden(kind.from_env(), {f.name: getattr(args, f.name, None) for f in dataclasses.fields(kind)})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        faults = _faults(args)
+        faults, costs = _settings(Faults, args), _settings(Costs, args)
     except ValueError as e:
         parser.error(str(e))
     try:
-        service = start_service(args.host, args.port, faults, state_dir=args.state_dir)
+        service = start_service(args.host, args.port, faults, costs=costs, state_dir=args.state_dir)
     except OSError as e:
         print(f"cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1

@@ -12,23 +12,22 @@ Faults wrap the service's dispatch, they do not live in its state:
 session dies once it has run enough). The latency setting is the service's
 timing, read by the operation scheduler in ``models``.
 
-Settable three ways, all validated the same: CLI flags (``__main__``),
-environment variables (:data:`ENV_VARS`), and ``POST /_admin/faults``.
+Settable three ways, all validated the same (``settings``): CLI flags
+(``__main__``), environment variables (:data:`ENV_VARS`), and ``POST /_admin/faults``.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import os
 import random
 import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from local.training_session import responses
 from local.training_session.models import Runner, ServiceError, Session, TrainingSessionBackend
+from local.training_session.settings import Settings, require
 
 #: Environment variable for each field; read by :meth:`Faults.from_env`.
 ENV_VARS = {
@@ -43,7 +42,7 @@ ENV_VARS = {
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(Settings):
     """What to inject. The default injects nothing.
 
     Attributes:
@@ -69,57 +68,23 @@ class Faults:
     sampling_fail_rate: float = 0.0
     fail_session_after: int | None = None
     seed: int = 0
+    KIND: ClassVar[str] = "fault"
+    ENV_VARS: ClassVar[Mapping[str, str]] = ENV_VARS
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.latency_ms, int) and self.latency_ms >= 0,
-                 "latency_ms", self.latency_ms, "a whole number of milliseconds >= 0")
+        require("fault", isinstance(self.latency_ms, int) and self.latency_ms >= 0,
+                "latency_ms", self.latency_ms, "a whole number of milliseconds >= 0")
         for name in ("throttle_rate", "fail_rate", "sampling_fail_rate"):
             value = getattr(self, name)
-            _require(isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
-                     name, value, "a fraction between 0 and 1")
-        _require(isinstance(self.throttle_limit, int) and self.throttle_limit >= 0,
-                 "throttle_limit", self.throttle_limit, "a whole number >= 0")
-        _require(self.fail_session_after is None
-                 or (isinstance(self.fail_session_after, int) and self.fail_session_after >= 0),
-                 "fail_session_after", self.fail_session_after,
-                 "a whole number of operations >= 0, or null to never fail")
-        _require(isinstance(self.seed, int), "seed", self.seed, "a whole number")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "Faults":
-        """Build from a JSON-like mapping; unknown keys are an error naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown fault setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**dict(values))
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Faults":
-        """Read :data:`ENV_VARS`; unset variables keep the defaults."""
-        values: dict[str, Any] = {}
-        for name, var in ENV_VARS.items():
-            raw = environ.get(var, "").strip()
-            if raw:
-                values[name] = _parse_env(name, var, raw)
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _require(ok: bool, name: str, value: Any, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"fault setting {name}={value!r} is invalid: expected {expected}")
-
-
-def _parse_env(name: str, var: str, raw: str) -> Any:
-    kind = float if name.endswith("_rate") else int
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ValueError(f"{var}={raw!r} is not a {kind.__name__}; "
-                         f"unset it or give a valid value for {name}") from None
+            require("fault", isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
+                    name, value, "a fraction between 0 and 1")
+        require("fault", isinstance(self.throttle_limit, int) and self.throttle_limit >= 0,
+                "throttle_limit", self.throttle_limit, "a whole number >= 0")
+        require("fault", self.fail_session_after is None
+                or (isinstance(self.fail_session_after, int) and self.fail_session_after >= 0),
+                "fail_session_after", self.fail_session_after,
+                "a whole number of operations >= 0, or null to never fail")
+        require("fault", isinstance(self.seed, int), "seed", self.seed, "a whole number")
 
 
 class FaultInjector:

@@ -17,7 +17,9 @@ does, before calling here). Three parts:
   - sampling operations run concurrently on a shared pool.
 
   Results are published the moment they exist, but a result is only *visible*
-  (``Completed``) once the service's latency has passed; see :meth:`Session.wait`;
+  (``Completed``) once the service's latency has passed and, with the cost model
+  on (``costs``), once the session's simulated GPUs have done the work; see
+  :meth:`Session.wait`;
 * the :class:`TrainingSessionBackend` holding both, the fault injector that
   wraps every runner it dispatches, and the :class:`RequestLog` of what was asked.
 """
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from local.training_session.costs import Costs, Gpus, Job, VirtualClock, WallClock, request_tokens
 from local.training_session.toy.policy import Policy
 
 if TYPE_CHECKING:  # faults wraps this module's runners, so it imports this module
@@ -98,6 +101,8 @@ class ModelPackage:
     approval_status: str = "PendingManualApproval"
     approval_description: str = ""
     modified: float = 0.0
+    # UpdateModelPackage's CustomerMetadataProperties (the approve step's figures), beside the session's name.
+    customer_metadata: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         return {"ModelPackageName": self.group_name, "ModelPackageGroupName": self.group_name,
@@ -118,7 +123,7 @@ class ModelPackage:
         out = {**self.summary(), "InferenceSpecification": {"Containers": [container]},
                "ModelPackageStatusDetails": {"ValidationStatuses": [], "ImageScanStatuses": []},
                "LastModifiedTime": self.modified or self.created,
-               "CustomerMetadataProperties": {"TrainingSessionName": self.session_name}}
+               "CustomerMetadataProperties": {"TrainingSessionName": self.session_name, **self.customer_metadata}}
         if self.approval_description:
             out["ApprovalDescription"] = self.approval_description
         return out
@@ -223,7 +228,9 @@ class PackageRegistry:
             return sorted((p for p in self._packages.values() if p.group_name == name),
                           key=lambda p: (p.created, p.version))
 
-    def update_approval(self, arn: str, status: str | None, description: str | None) -> ModelPackage:
+    def update_approval(self, arn: str, status: str | None, description: str | None,
+                        metadata: dict[str, str] | None = None) -> ModelPackage:
+        """SageMaker's semantics: what a request omits is kept; metadata keys are added or replaced."""
         with self._lock:
             if arn not in self._packages:
                 raise invalid(f"Model package {arn!r} does not exist")
@@ -231,7 +238,7 @@ class PackageRegistry:
             new = dataclasses.replace(
                 old, approval_status=status or old.approval_status,
                 approval_description=old.approval_description if description is None else description,
-                modified=time.time())
+                customer_metadata={**old.customer_metadata, **(metadata or {})}, modified=time.time())
             self._packages[arn] = new
             self._write_meta(new)
             return new
@@ -317,14 +324,15 @@ class Operation:
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
         self.not_before = 0.0  # monotonic time before which a finished result still reads InProgress
+        self.cost: Job | None = None  # its work on the simulated GPUs, with the cost model on
         self.submitted = time.monotonic()
 
-    def view(self, now: float) -> dict[str, Any]:
+    def view(self, now: float, simulated_done: bool = True) -> dict[str, Any]:
         """Get*OperationResult body. ``operationResult`` only once Completed (botocore
         rejects an empty union), ``errorDetails`` only on a failure."""
         status = self.status
-        if status in TERMINAL and now < self.not_before:
-            status = "InProgress"  # the service's latency not yet served
+        if status in TERMINAL and (now < self.not_before or not simulated_done):
+            status = "InProgress"  # the service's latency, or its simulated GPU time, not yet served
         body: dict[str, Any] = {"status": status}
         if status == "Completed":
             body["operationResult"] = self.result
@@ -338,11 +346,17 @@ class Session:
 
     def __init__(self, *, name: str, arn: str, group: PackageGroup, base_model: tuple[str, str],
                  output_path: str, request: dict[str, Any], latency_s: Callable[[], float],
-                 pool: ThreadPoolExecutor, shutdown: threading.Event, gap_timeout_s: float = GAP_TIMEOUT_S) -> None:
+                 pool: ThreadPoolExecutor, shutdown: threading.Event, gap_timeout_s: float = GAP_TIMEOUT_S,
+                 costs: Costs | None = None, virtual_clock: VirtualClock | None = None) -> None:
         self.name, self.arn, self.group = name, arn, group
         self.base_model, self.output_path, self.request = base_model, output_path, request
         self._latency_s, self._pool, self._shutdown = latency_s, pool, shutdown
         self._gap_timeout_s = gap_timeout_s
+        # The session's own GPUs in simulated time, with the cost model on (it keeps the settings of its creation).
+        self._virtual_clock = virtual_clock or VirtualClock()  # counts this session's held polls either way
+        self.gpus = None
+        if costs is not None and costs.enabled:
+            self.gpus = Gpus(costs, self._virtual_clock if costs.virtual_time else WallClock(costs.time_scale))
         # Trained by the worker only; Policy lets samplers read it meanwhile.
         # None once the session has ended, which frees its arrays.
         self.policy: Policy | None = Policy.base()
@@ -370,7 +384,8 @@ class Session:
 
     # -- submits ------------------------------------------------------------
     def submit_training(self, seq: int, token: str | None, fingerprint: str, kind: str,
-                        runner: Runner) -> Operation:
+                        runner: Runner, tokens: int = 0) -> Operation:
+        """``tokens``: what the operation's cost is proportional to (``costs.request_tokens``)."""
         with self._cond:
             self._require_running()
             if token and token in self._by_token:
@@ -384,6 +399,8 @@ class Session:
                               f"{self._by_seq[seq].id} ({self._by_seq[seq].kind}); each "
                               "operation needs the next sequence number")
             op = Operation(kind, training=True, seq=seq, token=token, fingerprint=fingerprint)
+            if self.gpus is not None:
+                op.cost = self.gpus.training_arrives(kind, tokens)
             self._rejected.pop(seq, None)  # a corrected resubmit fills the gap
             self._register(op)
             self._by_seq[seq] = op
@@ -401,12 +418,15 @@ class Session:
                 self._rejected[seq] = f"{error.code}: {error.message}"
                 self._cond.notify_all()
 
-    def submit_sampling(self, kind: str, runner: Runner) -> Operation:
+    def submit_sampling(self, kind: str, runner: Runner, tokens: int = 0) -> Operation:
+        """``tokens``: the prompt's, for the cost model's prefill."""
         with self._cond:
             self._require_running()
             op = Operation(kind, training=False)
             # Sampling overlaps, so its latency runs from the submit, not from a turn.
             op.not_before = time.monotonic() + self._latency_s()
+            if self.gpus is not None and kind != "loadWeightsForSampling":
+                op.cost = self.gpus.sampling_arrives(tokens)
             self._register(op)
         self._pool.submit(self._execute, op, runner)
         return op
@@ -467,11 +487,19 @@ class Session:
         with self._cond:
             if self.status != "Running":
                 self._finish(op, "Skipped", error=f"Training session {self.name!r} is {self.status}")
+                self._sampled(op, None)
                 return
             op.status = "InProgress"
         status, result, error = self._run(op, runner)
+        self._sampled(op, result)
         with self._cond:
             self._finish(op, status, result, error)
+
+    def _sampled(self, op: Operation, result: dict[str, Any] | None) -> None:
+        """Hand a sampling operation's decode work (its generated lengths) to the simulated GPUs."""
+        if op.cost is not None and not op.training and self.gpus is not None:
+            sequences = (result or {}).get("sample", {}).get("sequences", [])
+            self.gpus.sampled(op.cost, [len(seq["tokens"]) for seq in sequences])
 
     def _run(self, op: Operation, runner: Runner) -> tuple[str, dict[str, Any] | None, str | None]:
         try:
@@ -502,7 +530,7 @@ class Session:
         operation's own time.
         """
         deadline = time.monotonic() + hold_s
-        with self._cond:
+        with self._cond, self._virtual_clock.holding():
             op = self._ops.get(op_id)
             if op is None or op.training != training:
                 kind = "training" if training else "sampling"
@@ -513,9 +541,11 @@ class Session:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-        self._shutdown.wait(max(0.0, min(op.not_before, deadline) - time.monotonic()))
+        with self._virtual_clock.holding():
+            self._shutdown.wait(max(0.0, min(op.not_before, deadline) - time.monotonic()))
+            simulated_done = op.cost is None or self.gpus is None or self.gpus.wait(op.cost, deadline, self._shutdown)
         with self._cond:
-            return op.view(time.monotonic())
+            return op.view(time.monotonic(), simulated_done)
 
     # -- lifecycle ----------------------------------------------------------
     def stop(self) -> None:
@@ -557,6 +587,7 @@ class Session:
                 "LastReceivedSequenceNumber": max(self._by_seq, default=0),
                 "RoleArn": req.get("RoleArn"), "LoraConfig": req.get("LoraConfig"),
                 "ModelConfig": req.get("ModelConfig"), "OutputConfig": req.get("OutputConfig"),
+                "VpcConfig": req.get("VpcConfig"),
             }
             if self.error:
                 out["ErrorDetails"] = self.error
@@ -604,8 +635,11 @@ class TrainingSessionBackend:
     """Every session, the model package registry, the fault injector and the request log."""
 
     def __init__(self, injector: FaultInjector, state_dir: Path | None = None, sample_workers: int = 8,
-                 gap_timeout_s: float = GAP_TIMEOUT_S, poll_hold_s: float = POLL_HOLD_S) -> None:
+                 gap_timeout_s: float = GAP_TIMEOUT_S, poll_hold_s: float = POLL_HOLD_S,
+                 costs: Costs | None = None) -> None:
         self.injector = injector
+        self.costs = costs or Costs()  # for sessions created from now on
+        self.clock = VirtualClock()  # the simulated time of sessions with costs.virtual_time
         self.registry = PackageRegistry(state_dir)
         self.requests = RequestLog()
         self.poll_hold_s = poll_hold_s
@@ -624,7 +658,7 @@ class TrainingSessionBackend:
                 name=name, arn=f"arn:aws:sagemaker:{region}:{account}:training-session/{name}",
                 group=group, base_model=base_model, output_path=output_path, request=request,
                 latency_s=lambda: self.injector.latency_s, pool=self._pool, shutdown=self._shutdown,
-                gap_timeout_s=self._gap_timeout_s)
+                gap_timeout_s=self._gap_timeout_s, costs=self.costs, virtual_clock=self.clock)
             self._sessions[name] = session
             return session
 
@@ -645,11 +679,18 @@ class TrainingSessionBackend:
             self._sessions.pop(session.name, None)
 
     def submit_training(self, session: Session, seq: int, token: str | None, fingerprint: str, kind: str,
-                        runner: Runner) -> Operation:
-        return session.submit_training(seq, token, fingerprint, kind, self.injector.wrap(runner, training=True))
+                        runner: Runner, config: dict[str, Any]) -> Operation:
+        """``config``: the validated operationConfig member, for the cost model."""
+        return session.submit_training(seq, token, fingerprint, kind, self.injector.wrap(runner, training=True),
+                                       request_tokens(kind, config))
 
-    def submit_sampling(self, session: Session, kind: str, runner: Runner) -> Operation:
-        return session.submit_sampling(kind, self.injector.wrap(runner, training=False))
+    def submit_sampling(self, session: Session, kind: str, runner: Runner, config: dict[str, Any]) -> Operation:
+        return session.submit_sampling(kind, self.injector.wrap(runner, training=False), request_tokens(kind, config))
+
+    def cost_snapshot(self) -> dict[str, Any]:
+        """For ``GET /_admin/costs``: the settings new sessions get, and each costed session's GPUs so far."""
+        return {"costs": self.costs.to_dict(), "virtual_clock": self.clock.snapshot(),
+                "sessions": {s.name: s.gpus.snapshot() for s in self.sessions() if s.gpus is not None}}
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [s.snapshot() for s in self.sessions()]

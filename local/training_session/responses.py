@@ -41,7 +41,7 @@ from local.training_session.models import (
 from local.training_session.toy.adam import AdamConfig
 from local.training_session.toy.losses import ACCEPTED_INPUTS, CLIP_RANGES, LOSS_FNS
 from local.training_session.toy.policy import DatumArrays, Policy, SampledSeq
-from local.training_session.toy.tokenizer import BASE_MODEL_NAME, ToyTokenizer
+from local.training_session.toy.tokenizer import BASE_MODEL_NAME, HF_FILES, ToyTokenizer
 from pipeline.shapes import input_shape, violations
 
 CONTROL_PLANE = "sagemaker"
@@ -49,6 +49,8 @@ RUNTIME = "sagemakertrainingsessionruntime"
 #: Account of model package groups created by name alone (CreateModelPackageGroup).
 DEFAULT_ACCOUNT = "123456789012"
 VOCAB_SIZE = ToyTokenizer().vocab_size
+#: The toy's context as its Hub document states it: a toy prompt (~40 tokens) plus the API's minimum max_tokens.
+TOY_SEQUENCE_LENGTH = "1K"
 _HUB_ARN = re.compile(r"^arn:[\w-]+:sagemaker:[\w-]+:aws:hub-content/SageMakerPublicHub/Model/"
                       r"(?P<name>[^/]+)/(?P<version>[^/]+)$")
 _CREDENTIAL_REGION = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[\w-]+)/")
@@ -241,7 +243,8 @@ def list_model_packages(backend: TrainingSessionBackend, params: dict[str, Any],
 
 def update_model_package(backend: TrainingSessionBackend, params: dict[str, Any], region: str) -> dict[str, Any]:
     package = backend.registry.update_approval(
-        params["ModelPackageArn"], params.get("ModelApprovalStatus"), params.get("ApprovalDescription"))
+        params["ModelPackageArn"], params.get("ModelApprovalStatus"), params.get("ApprovalDescription"),
+        params.get("CustomerMetadataProperties"))
     return {"ModelPackageArn": package.arn}
 
 
@@ -274,9 +277,12 @@ def describe_hub_content(backend: TrainingSessionBackend, params: dict[str, Any]
         "HubContentVersion": version, "HubContentType": "Model", "DocumentSchemaVersion": "2.0.0",
         "HubName": "SageMakerPublicHub", "HubArn": hub_arn, "HubContentStatus": "Available",
         "HubContentDisplayName": "Local toy arithmetic policy", "CreationTime": 0,
-        # No Hugging Face tokenizer exists for it: use the toy's own.
-        "HubContentDocument": json.dumps({"ModelName": name,
-                                          "Tokenizer": "local.training_session.toy.tokenizer.ToyTokenizer"}),
+        # What the steps read, as from a real model's document: the tokenizer's Hugging Face id (here a
+        # directory of the toy tokenizer's Hugging Face files, which AutoTokenizer loads like a hub id) and
+        # the recipes' sequence-length ceiling, the longest prompt plus completion the model serves.
+        "HubContentDocument": json.dumps({"ModelName": name, "HuggingfaceId": str(HF_FILES),
+                                          "RecipeCollection": [{"CustomizationTechnique": "RLVR",
+                                                                "SequenceLength": TOY_SEQUENCE_LENGTH}]}),
     }
 
 
@@ -509,7 +515,7 @@ def execute_training_operation(backend: TrainingSessionBackend, params: dict[str
     runner = _training_runner(backend, kind, config)
     seq = params["sequenceNumber"]
     fingerprint = hashlib.sha256(json.dumps([seq, params["operationConfig"]], sort_keys=True).encode()).hexdigest()
-    operation = backend.submit_training(session, seq, params.get("clientToken"), fingerprint, kind, runner)
+    operation = backend.submit_training(session, seq, params.get("clientToken"), fingerprint, kind, runner, config)
     return {"operationId": operation.id}
 
 
@@ -517,7 +523,7 @@ def execute_sampling_operation(backend: TrainingSessionBackend, params: dict[str
                                region: str) -> dict[str, Any]:
     session = _runtime_session(backend, params)
     kind, config = _union_member(params["operationConfig"])
-    return {"operationId": backend.submit_sampling(session, kind, _sampling_runner(backend, kind, config)).id}
+    return {"operationId": backend.submit_sampling(session, kind, _sampling_runner(backend, kind, config), config).id}
 
 
 def get_training_operation_result(backend: TrainingSessionBackend, params: dict[str, Any],

@@ -9,7 +9,9 @@ in the backend's request log and writes it.
 * Runtime: the method and ``requestUri`` of each operation in botocore's model,
   e.g. ``POST /v1/training-sessions/{trainingSessionName}/operations``.
 * Admin (not AWS): ``GET /_admin/sessions``, ``GET|POST /_admin/faults``,
-  ``GET /_admin/requests`` (requests and errors per operation and kind).
+  ``GET|POST /_admin/costs`` (the cost model's settings for new sessions, and each
+  costed session's simulated clock and GPU use), ``GET /_admin/requests``
+  (requests and errors per operation and kind).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
 from local.training_session import responses
+from local.training_session.costs import Costs
 from local.training_session.faults import Dispatch, FaultInjector, Faults, throttled
 from local.training_session.models import GAP_TIMEOUT_S, POLL_HOLD_S, ServiceError, TrainingSessionBackend
 from local.training_session.responses import CONTROL_PLANE, RUNTIME, Request, Response
@@ -62,6 +65,8 @@ def _runtime_route(operation: str) -> RuntimeRoute:
 
 
 RUNTIME_ROUTES = tuple(_runtime_route(op) for op in responses.RUNTIME_OPERATIONS)
+#: The result polls, which the service holds while their operation runs.
+POLLS = frozenset({"GetTrainingOperationResult", "GetSamplingOperationResult"})
 
 
 class _Server(ThreadingHTTPServer):
@@ -97,7 +102,9 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(routed, Response):
                 return self._send(routed)
             route, request = routed
-            response = route.dispatch(backend, request)
+            # Counted for the cost model's virtual time: the client is at work unless its polls are all waiting.
+            with backend.clock.request(submits=route.operation not in POLLS):
+                response = route.dispatch(backend, request)
             backend.requests.record(route.operation, request.kind, response.error_code)
             self._send(response)
         except Exception as e:  # a bug here: answer 500 rather than drop the connection
@@ -154,6 +161,18 @@ def _set_faults(backend: TrainingSessionBackend, raw: bytes) -> Response:
     return _faults(backend, raw)
 
 
+def _costs(backend: TrainingSessionBackend, raw: bytes) -> Response:
+    return Response(200, backend.cost_snapshot())
+
+
+def _set_costs(backend: TrainingSessionBackend, raw: bytes) -> Response:
+    try:
+        backend.costs = Costs.from_mapping(json.loads(raw or b"{}"))
+    except (ValueError, TypeError) as e:
+        return Response(400, {"message": str(e)}, error_code="ValidationException")
+    return _costs(backend, raw)
+
+
 def _requests(backend: TrainingSessionBackend, raw: bytes) -> Response:
     return Response(200, {"requests": backend.requests.snapshot()})
 
@@ -162,6 +181,8 @@ ADMIN_ROUTES: dict[tuple[str, str], Callable[[TrainingSessionBackend, bytes], Re
     ("GET", "/_admin/sessions"): _sessions,
     ("GET", "/_admin/faults"): _faults,
     ("POST", "/_admin/faults"): _set_faults,
+    ("GET", "/_admin/costs"): _costs,
+    ("POST", "/_admin/costs"): _set_costs,
     ("GET", "/_admin/requests"): _requests,
 }
 
@@ -194,6 +215,10 @@ class RunningService:
     def set_faults(self, faults: Faults) -> None:
         self._httpd.backend.injector.set(faults)
 
+    def set_costs(self, costs: Costs) -> None:
+        """The cost model of sessions created from now on."""
+        self._httpd.backend.costs = costs
+
     def sessions(self) -> list[dict[str, Any]]:
         """Name, status and operation counts of every session."""
         return self._httpd.backend.snapshot()
@@ -212,10 +237,10 @@ class RunningService:
 
 
 def start_service(host: str = "127.0.0.1", port: int = 0, faults: Faults | None = None, *,
-                  state_dir: Path | str | None = None, poll_hold_s: float = POLL_HOLD_S,
+                  costs: Costs | None = None, state_dir: Path | str | None = None, poll_hold_s: float = POLL_HOLD_S,
                   gap_timeout_s: float = GAP_TIMEOUT_S) -> RunningService:
     """Serve on ``host:port`` (0 picks a free port) until ``.stop()``."""
     httpd = _Server((host, port), _Handler)
     httpd.backend = TrainingSessionBackend(FaultInjector(faults), Path(state_dir) if state_dir else None,
-                                           gap_timeout_s=gap_timeout_s, poll_hold_s=poll_hold_s)
+                                           gap_timeout_s=gap_timeout_s, poll_hold_s=poll_hold_s, costs=costs)
     return RunningService(httpd)

@@ -7,9 +7,11 @@ value is refused; without one, the message is derived from its bounds.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from steps.gsm8k.reward import RewardFormat
 
 LossFn = Literal["ppo", "importance_sampling", "cispo"]
 LossAggregation = Literal["token", "sequence"]
@@ -37,9 +39,14 @@ class SessionConfig(Section):
     # A SageMaker Public Hub model ARN. No default: a real run must name its model
     # (config/local.yaml names the local service's toy model).
     base_model: str | None = None
-    # A Hugging Face id or a local directory loaded with transformers.AutoTokenizer;
-    # "toy" is the local service's tokenizer.
-    tokenizer: str | None = None
+    # Keyword arguments of the tokenizer's apply_chat_template, e.g. {enable_thinking: false} (Qwen3
+    # family) or {reasoning_effort: low} (gpt-oss). The tokenizer itself is the base model's, as the
+    # Hub publishes it (steps/platform/tokenizer.py).
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=_rule("must be a mapping of chat-template argument to value"))
+    # The model's context in tokens when the Hub's model metadata does not say (or to tighten it):
+    # ValidateData drops questions whose prompt plus dapo.max_tokens exceeds it. Null: the Hub's.
+    max_context_tokens: int | None = Field(None, ge=1)
     lora_rank: int = Field(32, ge=1)
     lora_alpha: int = Field(64, ge=1)
     region: str | None = None
@@ -63,11 +70,16 @@ class DapoConfig(Section):
     epochs: float | None = Field(None, gt=0)
     max_tokens: int = Field(1024, ge=MIN_MAX_TOKENS, json_schema_extra={"why": "the sampling API's minimum"})
     temperature: float = Field(1.0, ge=0, le=2)
+    # strict: only '#### N' or '\\boxed{N}' in the answer region earns the reward; lenient: also
+    # "the answer is N" or its last number (steps/gsm8k/reward.py).
+    reward_format: RewardFormat = "strict"
     loss_fn: LossFn = "ppo"
     clip_low_threshold: float = Field(0.8, gt=0, le=1, json_schema_extra={"why": "a ratio bound, not an epsilon"})
     clip_high_threshold: float = Field(1.28, ge=1, le=10, json_schema_extra={"why": "a ratio bound, not an epsilon"})
     max_num_gen_batches: int = Field(10, ge=1)
     max_inflight_gen_batches: int = Field(2, ge=1)
+    # 0: a step samples once the previous step's weights are saved; 1: it samples while the previous one trains.
+    max_steps_off_policy: int = Field(0, ge=0, le=1)
     overlong_filtering: bool = True
     overlong_buffer: int = Field(0, ge=0)
     overlong_penalty: float = Field(1.0, ge=0)
@@ -90,6 +102,18 @@ class DapoConfig(Section):
         return self
 
 
+class VpcSettings(Section):
+    """``pipeline.vpc``: the subnets and security groups of every job and training session (botocore's limits)."""
+
+    subnets: list[Annotated[str, StringConstraints(pattern=r"^subnet-[0-9a-z]{1,25}$")]] = Field(
+        min_length=1, max_length=16)
+    security_group_ids: list[Annotated[str, StringConstraints(pattern=r"^sg-[0-9a-z]{1,28}$")]] = Field(
+        min_length=1, max_length=5)
+
+
+_KMS_KEY_ARN = r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/(mrk-)?[a-f0-9-]+$"
+_KMS_RULE = _rule("must be a KMS key ARN (arn:aws:kms:<region>:<account>:key/<key id>): the training session "
+                  "takes no alias")
 _S3_URI = r"^s3://[^/\s]+(/\S*)?$"
 _S3_RULE = _rule("must be an s3://bucket/prefix URI")
 _INSTANCE_RULE = _rule("must be a SageMaker instance type such as ml.m5.large")
@@ -104,6 +128,10 @@ class PipelineConfig(Section):
     train_s3_uri: str = Field(pattern=_S3_URI, json_schema_extra=_S3_RULE)
     eval_s3_uri: str = Field(pattern=_S3_URI, json_schema_extra=_S3_RULE)
     output_s3_uri: str = Field(pattern=_S3_URI, json_schema_extra=_S3_RULE)
+    # The base model's tokenizer files (tokenizer.json, tokenizer_config.json, ...) for jobs that
+    # cannot download them (no internet egress): a `tokenizer` channel of TrainDAPO and an input of
+    # ValidateData and EvaluateModel. Null: each step downloads the tokenizer the Hub names.
+    tokenizer_s3_uri: str | None = Field(None, pattern=_S3_URI, json_schema_extra=_S3_RULE)
     name: str = Field("dapo-gsm8k", pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$",
                       json_schema_extra=_rule("must be letters, digits and single hyphens, at most 256 characters"))
     description: str = "DAPO RL fine-tuning on GSM8K with SageMaker training sessions"
@@ -116,6 +144,20 @@ class PipelineConfig(Section):
                                                 json_schema_extra={"why": "SageMaker's limit"})
     tags: dict[str, str] = Field(default_factory=dict,
                                  json_schema_extra=_rule("must be a mapping of tag key to value"))
+    # MLflow tracking (off when unset): the tracking server the steps log to, and the experiment.
+    mlflow_tracking_arn: str | None = Field(
+        None, pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:mlflow-(tracking-server|app)/\S+$",
+        json_schema_extra=_rule("must be a SageMaker MLflow tracking server ARN "
+                                "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>)"))
+    mlflow_experiment: str | None = Field(
+        None, pattern=r"^[a-zA-Z0-9\-_./]{1,256}$",
+        json_schema_extra=_rule("must be 1-256 letters, digits and -_./ (MLflow's experiment names on SageMaker)"))
+    # Network and encryption (off when unset): every job and training session in these subnets and
+    # security groups; the key of what they write to S3; the key of the jobs' storage volumes.
+    vpc: VpcSettings | None = Field(None, json_schema_extra=_rule(
+        "must be {subnets: [subnet-...], security_group_ids: [sg-...]}: 1-16 subnets and 1-5 security groups"))
+    kms_key_arn: str | None = Field(None, pattern=_KMS_KEY_ARN, json_schema_extra=_KMS_RULE)
+    volume_kms_key_arn: str | None = Field(None, pattern=_KMS_KEY_ARN, json_schema_extra=_KMS_RULE)
 
     @field_validator("tags", mode="before")
     @classmethod
@@ -125,11 +167,11 @@ class PipelineConfig(Section):
             return {k: str(v) for k, v in tags.items()}
         return tags
 
-    @field_validator("train_s3_uri", "eval_s3_uri")
+    @field_validator("train_s3_uri", "eval_s3_uri", "tokenizer_s3_uri")
     @classmethod
-    def _prefix_ends_with_slash(cls, uri: str) -> str:
+    def _prefix_ends_with_slash(cls, uri: str | None) -> str | None:
         # An S3Prefix input of s3://b/data/train would also pull in s3://b/data/train-old/...
-        return uri if uri.endswith("/") or uri.endswith(".jsonl") else uri + "/"
+        return uri if uri is None or uri.endswith("/") or uri.endswith(".jsonl") else uri + "/"
 
     @property
     def default_bucket(self) -> str:
@@ -139,6 +181,11 @@ class PipelineConfig(Section):
     @property
     def output_prefix(self) -> str:
         return self.output_s3_uri.rstrip("/")
+
+    @property
+    def experiment_name(self) -> str:
+        """The MLflow experiment of an execution not started with another: the configured one or the pipeline's name."""
+        return self.mlflow_experiment or self.name
 
 
 SECTIONS: dict[str, type[Section]] = {"session": SessionConfig, "dapo": DapoConfig, "pipeline": PipelineConfig}

@@ -1,8 +1,14 @@
-"""Greedy accuracy on held-out questions: in-training evaluation and the EvaluateModel step share it."""
+"""Greedy accuracy on held-out questions: in-training evaluation and the EvaluateModel step share it.
+
+Each answer is graded both ways (steps/gsm8k/reward.py): ``accuracy`` is the strict one
+(only '#### N' or '\\boxed{N}' in the answer region counts), ``accuracy_lenient`` also
+takes "the answer is N" or the last number there, and ``format_error_rate`` is the share
+of answers committed in no instructed form (failed requests included).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from sagemaker.train.training_session import SamplingParams
 
@@ -16,15 +22,18 @@ class Prediction:
     question: str
     gold: str
     extracted: str | None
-    correct: bool
+    correct: bool  # strict
+    correct_lenient: bool
     formatted: bool
-    completion: str
+    completion: str  # as the grader read it: special tokens kept
+    stop_reason: str  # "stop", "length" (cut off at max_tokens), or "" for a failed request
     failed: bool  # the request failed after retries: counted as wrong
 
 
 @dataclass(frozen=True)
 class EvalResult:
     accuracy: float
+    accuracy_lenient: float
     format_error_rate: float
     n: int
     failed: int
@@ -32,26 +41,29 @@ class EvalResult:
 
 
 def evaluate_greedy(client: Any, tokenizer: Any, examples: Sequence[Example], max_tokens: int,
-                    retries: int = 2) -> EvalResult:
+                    retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None) -> EvalResult:
     """Temperature-0 answers to every example, all requests in flight at once, each graded once."""
     sampler = GroupSampler(
         tokenizer=tokenizer, examples=examples, group_size=1,
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         shaping=RewardShaping(max_tokens=max_tokens), retries=retries,
+        chat_template_kwargs=chat_template_kwargs or {},
     )
     groups = sampler.launch(client, range(len(examples)), seed=None).result()
     predictions = []
-    for ex, group in zip(examples, groups):
+    for i, (ex, group) in enumerate(zip(examples, groups)):
         if group is None:
-            predictions.append(Prediction(ex.question, ex.gold, None, False, False, "", True))
+            predictions.append(Prediction(ex.question, ex.gold, None, False, False, False, "", "", True))
             continue
         answer = group.rollouts[0]
-        text = tokenizer.decode(list(answer.tokens), skip_special_tokens=True)
+        text = sampler.text(i, answer.tokens)
         predictions.append(Prediction(ex.question, ex.gold, answer.grade.extracted, answer.grade.correct,
-                                      answer.grade.formatted, text, False))
+                                      answer.grade.correct_lenient, answer.grade.formatted, text,
+                                      answer.stop_reason, False))
     n = len(predictions)
     return EvalResult(
         accuracy=sum(p.correct for p in predictions) / n if n else 0.0,
+        accuracy_lenient=sum(p.correct_lenient for p in predictions) / n if n else 0.0,
         format_error_rate=sum(not p.formatted for p in predictions) / n if n else 0.0,
         n=n,
         failed=sum(p.failed for p in predictions),

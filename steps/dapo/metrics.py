@@ -17,7 +17,10 @@ from steps.dapo.sampling import Group, StepBatch
 
 # Fields of each log line, in order. The pipeline's metric regexes match them: only ever append.
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
-TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds")
+# accuracy: strict (only an answer committed as #### N or \boxed{N} counts); accuracy_lenient also takes
+# "the answer is N" or the last number of the answer region (steps/gsm8k/reward.py).
+TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds", "accuracy_lenient",
+                "completion_tokens_mean", "truncated_frac", "off_policy_steps")
 EVAL_FIELDS = ("step", "accuracy")
 
 
@@ -34,7 +37,8 @@ def sampling_figures(step: int, batch: StepBatch) -> dict[str, Any]:
 
 
 def train_figures(batch: StepBatch, samples: Sequence[TrainSample], fb_metrics: dict[str, float] | None,
-                  seconds: float) -> dict[str, Any]:
+                  seconds: float, update: int, stale_dropped: int = 0) -> dict[str, Any]:
+    """The figures of optimizer step ``update``; ``stale_dropped``: surplus groups too old to carry into the next."""
     # The rollouts sampled this step; a step whose batch came entirely from carried groups sampled none,
     # so it reports the rollouts it trained on (sampled one step earlier) rather than zeros.
     groups: Sequence[Group] = batch.sampled or batch.kept
@@ -43,15 +47,26 @@ def train_figures(batch: StepBatch, samples: Sequence[TrainSample], fb_metrics: 
     return {
         "reward_mean": sum(r.reward for r in rollouts) / n,
         "accuracy": sum(r.grade.correct for r in rollouts) / n,
+        "accuracy_lenient": sum(r.grade.correct_lenient for r in rollouts) / n,
+        # Rollout lengths: a reasoning model's grow or shrink as it learns; cut-off ones hit max_tokens.
+        "completion_tokens_mean": sum(len(r.tokens) for r in rollouts) / n,
+        "truncated_frac": sum(r.stop_reason == "length" for r in rollouts) / n,
         "loss": float((fb_metrics or {}).get("loss:sum", float("nan"))),
         "tokens": sum(len(s.completion) for s in samples if s.weight > 0),
         "seconds": seconds,
+        # Steps between the weights that sampled a trained group and the ones this update starts from.
+        "off_policy_steps": max((update - 1 - g.sampler_step for g in batch.kept), default=0),
+        "stale_groups_dropped": stale_dropped,
     }
+
+
+#: Decimals of the float figures that are not fractions (those get 4; the loss 6 significant digits).
+DECIMALS = {"seconds": 2, "completion_tokens_mean": 1}
 
 
 def _format(value: Any, key: str) -> str:
     if isinstance(value, float):
-        return f"{value:.6g}" if key == "loss" else f"{value:.2f}" if key == "seconds" else f"{value:.4f}"
+        return f"{value:.6g}" if key == "loss" else f"{value:.{DECIMALS.get(key, 4)}f}"
     return str(value)
 
 

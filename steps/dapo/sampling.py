@@ -21,14 +21,14 @@ import hashlib
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from botocore.exceptions import ClientError
 from sagemaker.train.training_session import SamplingParams
 
 from steps.gsm8k.data import Example
-from steps.gsm8k.prompt import render_prompt
+from steps.gsm8k.prompt import completion_text, opens_reasoning, render_prompt
 from steps.gsm8k.reward import Grade, RewardShaping, grade, reward
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class Rollout:
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
-    stop_reason: str  # "stop" | "length"
+    # The service's verdict: "stop" when the model ended its turn (it sampled its end-of-turn token, e.g.
+    # <|im_end|>, <|return|>, <eos>), "length" when max_tokens cut it off (masked by overlong filtering).
+    stop_reason: str
     reward: float
     grade: Grade
 
@@ -62,6 +64,7 @@ class Group:
     example_index: int
     prompt: tuple[int, ...]
     rollouts: tuple[Rollout, ...]
+    sampler_step: int = 0  # optimizer steps in the weights that sampled it: how off-policy it is when trained
 
     @property
     def rewards(self) -> list[float]:
@@ -115,14 +118,23 @@ class GroupSampler:
     shaping: RewardShaping
     retries: int = 2
     grader: Grader = grade_example
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # session.chat_template_kwargs
 
     def __post_init__(self) -> None:
         self._prompts: dict[int, tuple[int, ...]] = {}
+        self._reasoning_open: dict[int, bool] = {}  # the prompt leaves a <think> block open
 
     def prompt(self, index: int) -> tuple[int, ...]:
         if index not in self._prompts:
-            self._prompts[index] = tuple(render_prompt(self.tokenizer, self.examples[index].question))
+            prompt = tuple(render_prompt(self.tokenizer, self.examples[index].question, self.chat_template_kwargs))
+            self._prompts[index] = prompt
+            self._reasoning_open[index] = opens_reasoning(self.tokenizer, prompt)
         return self._prompts[index]
+
+    def text(self, index: int, tokens: Sequence[int]) -> str:
+        """A completion of prompt ``index`` as the grader reads it (steps/gsm8k/prompt.py)."""
+        self.prompt(index)
+        return completion_text(self.tokenizer, tokens, self._reasoning_open[index])
 
     def launch(self, client: Any, indices: Sequence[int], seed: int | None) -> GenerationBatch:
         """Submit one sample request per prompt; nothing is awaited."""
@@ -154,7 +166,7 @@ class GroupSampler:
         rollouts = []
         for seq in response.sequences:
             tokens = tuple(int(t) for t in seq.tokens)
-            result = self.grader(self.tokenizer.decode(list(tokens), skip_special_tokens=True), example)
+            result = self.grader(self.text(index, tokens), example)
             stop = seq.stop_reason.value if hasattr(seq.stop_reason, "value") else str(seq.stop_reason)
             rollouts.append(Rollout(tokens, tuple(seq.logprobs or ()), stop,
                                     reward(result, len(tokens), self.shaping), result))

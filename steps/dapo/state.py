@@ -26,7 +26,7 @@ from steps.dapo.sampling import Group, Rollout
 from steps.gsm8k.reward import Grade
 
 FILENAME = "checkpoint.json"
-VERSION = 2
+VERSION = 3
 
 
 class CheckpointError(Refused):
@@ -88,7 +88,7 @@ def _group(raw: dict[str, Any]) -> Group:
         Rollout(tuple(r["tokens"]), tuple(r["logprobs"]), r["stop_reason"], r["reward"], Grade(**r["grade"]))
         for r in raw["rollouts"]
     )
-    return Group(raw["example_index"], tuple(raw["prompt"]), rollouts)
+    return Group(raw["example_index"], tuple(raw["prompt"]), rollouts, raw["sampler_step"])
 
 
 def from_json(raw: dict[str, Any]) -> LoopState:

@@ -31,6 +31,7 @@ QUESTION_NOT_STRING = "question not a string"
 ANSWER_NOT_STRING = "answer not a string"
 EMPTY_QUESTION = "empty question"
 NO_FINAL_ANSWER = "no '#### <number>' final answer"
+PROMPT_TOO_LONG = "prompt too long for the model"
 
 
 class DataError(Refused, ValueError):

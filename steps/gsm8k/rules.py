@@ -1,4 +1,5 @@
-"""Which rows a dataset may train on: row rules, duplicates, train/eval overlap, and when to refuse.
+"""Which rows a dataset may train on: row rules, duplicates, train/eval overlap, prompts the model
+cannot take, and when to refuse.
 
 Rows are read line by line. Per row only an 8-byte digest of the normalised
 question is kept (for duplicates and train/eval overlap), so memory grows by
@@ -11,11 +12,20 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Mapping, TextIO
 
 import numpy as np
 
-from steps.gsm8k.data import DataError, RawLine, RowError, iter_lines, jsonl_files, parse_example
+from steps.gsm8k.data import (
+    PROMPT_TOO_LONG,
+    DataError,
+    RawLine,
+    RowError,
+    iter_lines,
+    jsonl_files,
+    parse_example,
+)
+from steps.gsm8k.prompt import render_prompt
 
 DUPLICATE_QUESTION = "duplicate question"
 FIRST_N = 20  # rejected / overlapping rows listed in validation.json
@@ -63,6 +73,28 @@ class DigestSet:
             new = np.sort(np.fromiter(self._recent, dtype=np.uint64, count=len(self._recent)))
             self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, new), new)
             self._recent.clear()
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """A question fits the model when its prompt tokens plus ``max_tokens`` fit the model's context.
+
+    The prompt is rendered exactly as the training step renders it (the base model's chat
+    template with ``chat_template_kwargs``), so the count is the one the service will see.
+    """
+
+    tokenizer: Any
+    chat_template_kwargs: Mapping[str, Any]
+    max_tokens: int
+    context_tokens: int
+    source: str  # where context_tokens comes from, quoted in every rejection
+
+    def check(self, question: str) -> None:
+        n = len(render_prompt(self.tokenizer, question, self.chat_template_kwargs))
+        if n + self.max_tokens > self.context_tokens:
+            raise RowError(PROMPT_TOO_LONG, f"{n} prompt tokens + max_tokens {self.max_tokens} = "
+                                            f"{n + self.max_tokens} > {self.context_tokens}, the context of "
+                                            f"{self.source}")
 
 
 @dataclass(frozen=True)
@@ -123,11 +155,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None = None) -> SplitScan:
+def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None = None,
+               budget: PromptBudget | None = None) -> SplitScan:
     """Stream one split, write its clean rows to ``out``, and count the rest.
 
     ``eval_digests`` (train only) are the eval questions: a train row asking one
-    of them is an overlap, left out of ``out`` and counted separately.
+    of them is an overlap, left out of ``out`` and counted separately. With a
+    ``budget``, a question the model cannot take with ``max_tokens`` to answer is rejected.
     """
     try:
         inputs = [{"file": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in jsonl_files(path)]
@@ -139,9 +173,12 @@ def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None
         try:
             if line.error:
                 raise RowError(line.error, line.detail)
-            digest = question_digest(parse_example(line.row).question)
+            question = parse_example(line.row).question
+            digest = question_digest(question)
             if digest in scan.digests:
                 raise RowError(DUPLICATE_QUESTION, "an earlier row asks it, ignoring case and spacing")
+            if budget is not None:
+                budget.check(question)
         except RowError as exc:
             scan.reject(line, exc.reason, exc.detail)
             continue

@@ -1,19 +1,66 @@
-"""The SDK's ServiceClient, built from the session config.
+"""The SDK's ServiceClient, built from the session config and the job's network and key.
 
 Passing the model package group and the S3 output path keeps the SDK from
 calling STS/S3 to invent defaults; a Hub ARN as base model keeps it from
 listing the Hub. Locally the two SAGEMAKER_TRAINING_SESSION_* endpoint
 variables point the same SDK at `python -m local.training_session`.
+
+With ``pipeline.vpc`` and ``pipeline.kms_key_arn`` set, the pipeline hands the
+jobs that create training sessions (TrainDAPO, EvaluateModel) the subnets,
+security groups and key in ``DAPO_SESSION_*`` variables: every session they
+create runs in that VPC and encrypts what it writes to S3 with that key (the
+ServiceClient's ``vpc_config`` and ``kms_key_arn``).
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from steps.cli import Refused
 from steps.config import SessionConfig
 
+ENV_SUBNETS = "DAPO_SESSION_SUBNETS"
+ENV_SECURITY_GROUPS = "DAPO_SESSION_SECURITY_GROUP_IDS"
+ENV_KMS_KEY = "DAPO_SESSION_KMS_KEY_ARN"
+
+
+@dataclass(frozen=True)
+class SessionNetwork:
+    """Where a training session runs and the key it encrypts its S3 output with; empty: the service's own."""
+
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    kms_key_arn: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> SessionNetwork:
+        def split(name: str) -> tuple[str, ...]:
+            return tuple(v for v in env.get(name, "").split(",") if v)
+
+        subnets, groups = split(ENV_SUBNETS), split(ENV_SECURITY_GROUPS)
+        if bool(subnets) != bool(groups):
+            raise Refused(f"{ENV_SUBNETS}={','.join(subnets)!r} and {ENV_SECURITY_GROUPS}={','.join(groups)!r}: "
+                          "a VPC needs both (pipeline.vpc sets both)")
+        return cls(subnets, groups, env.get(ENV_KMS_KEY) or None)
+
+    def environment(self) -> dict[str, str]:
+        """The job environment :meth:`from_env` reads back; empty when nothing is set."""
+        env = {ENV_SUBNETS: ",".join(self.subnets), ENV_SECURITY_GROUPS: ",".join(self.security_group_ids),
+               ENV_KMS_KEY: self.kms_key_arn or ""}
+        return {k: v for k, v in env.items() if v}
+
+    def client_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.subnets:
+            kwargs["vpc_config"] = {"subnets": list(self.subnets), "security_group_ids": list(self.security_group_ids)}
+        if self.kms_key_arn:
+            kwargs["kms_key_arn"] = self.kms_key_arn
+        return kwargs
+
 
 def service_client(cfg: SessionConfig) -> Any:
+    """The ServiceClient of the config; its sessions get the job's :class:`SessionNetwork`."""
     from sagemaker.train.training_session import ServiceClient
 
     missing = [key for key in ("base_model", "role_arn") if not getattr(cfg, key)]
@@ -28,6 +75,7 @@ def service_client(cfg: SessionConfig) -> Any:
         role_arn=cfg.role_arn,
         model_package_group_arn=cfg.model_package_group_arn,
         s3_output_path=cfg.s3_output_path,
+        **SessionNetwork.from_env().client_kwargs(),
     )
 
 

@@ -8,13 +8,21 @@ validated (the service checks every request first); it asserts only what its
 own maths needs.
 
 :meth:`Policy.base` is the deterministic "pretrained" model ``local-toy-arith``.
-It nearly always answers ``#### N <eos>``, but its arithmetic is vague (a low
-precision), it under-counts the second operand (85% of it after a plus verb,
-60% after a minus verb) and it likes round numbers after ``####``: low accuracy
-(about 15%, greedy too) with plenty of room for RL to improve.
+It writes like a reasoning model: a completion either answers at once
+(``#### N <eos>``) or first "thinks" in filler words (``so then now ...``), a
+run that continues with probability 0.996 per token and then either answers
+(``####``) or stops without an answer (``<eos>``). Completion lengths so spread
+from 3 tokens to past the API's minimum ``max_tokens`` of 512 (about 8% of
+temperature-1 samples are cut off, about 16% end without an answer; the mean is
+about 130 tokens), and RL can learn to shorten the filler. Greedy decoding
+answers at once (``####`` is the most likely first token). Its arithmetic is
+vague (a low precision), it under-counts the second operand (85% of it after a
+plus verb, 60% after a minus verb) and it likes round numbers after ``####``:
+low accuracy (about 15%, greedy too) with plenty of room for RL to improve.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 from dataclasses import dataclass
 from typing import Sequence
@@ -151,8 +159,8 @@ class Policy:
         # samplers share no RNG state.
         rng = np.random.default_rng(None if seed is None else seed % 2**32)
         params = M.unpack(self._theta)  # one snapshot, even if a training step swaps the weights
-        return [_sample_one(params, prompt, max_tokens, temperature, top_k, top_p, rng, list(stop or ()))
-                for _ in range(num_samples)]
+        picker = _Picker(params, temperature, top_k, top_p)
+        return [_sample_one(picker, prompt, max_tokens, rng, list(stop or ())) for _ in range(num_samples)]
 
     def compute_logprobs(self, prompt: Sequence[int]) -> list[float | None]:
         """Logprob of each prompt token given the tokens before it (None for the first)."""
@@ -203,21 +211,19 @@ def _token_ids(prompt: Sequence[int]) -> list[int]:
     return tokens
 
 
-def _sample_one(p: M.Params, prompt: list[int], max_tokens: int, temperature: float, top_k: int | None,
-                top_p: float | None, rng: np.random.Generator, stop: list[str]) -> SampledSeq:
+def _sample_one(picker: "_Picker", prompt: list[int], max_tokens: int, rng: np.random.Generator,
+                stop: list[str]) -> SampledSeq:
     seq = list(prompt)
     last = max((i for i, tok in enumerate(seq) if tok == M.ASSISTANT), default=-1)
-    mu = _centre(p, seq, last)
+    mu = _centre(picker.params, seq, last)
     tokens: list[int] = []
     logprobs: list[float] = []
-    for _ in range(max_tokens):
+    draws = rng.random(max_tokens) if picker.temperature > 0 else np.zeros(max_tokens)
+    for u in draws.tolist():
         t = len(seq) - 1
         if seq[t] == M.ASSISTANT and t != last:
-            last, mu = t, _centre(p, seq, t)
-        z = p.table[M.BIAS_ROW] + p.table[M.PREV_ROW0 + seq[t]] + p.table[M.offset_row(t, last)]
-        if seq[t] == M.HASHES and last >= 0:
-            z[M.NUMBER_IDS] += M.head_logits(np.array([mu]), p)[0]
-        tok, logprob = _pick(z, temperature, top_k, top_p, rng)
+            last, mu = t, _centre(picker.params, seq, t)
+        tok, logprob = picker.pick(seq[t], M.offset_row(t, last), mu if seq[t] == M.HASHES and last >= 0 else None, u)
         seq.append(tok)
         tokens.append(tok)
         logprobs.append(logprob)
@@ -234,24 +240,64 @@ def _centre(p: M.Params, seq: list[int], last: int) -> float:
     return float(p.head[0] + p.cue_weights.reshape(-1)[cues] @ values)
 
 
-def _pick(z: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
-          rng: np.random.Generator) -> tuple[int, float]:
-    """One token from logits ``z`` and its logprob (see Policy.sample)."""
-    if temperature == 0:
-        tok = int(np.argmax(z))
-        return tok, float(M.log_softmax(z)[tok])
-    logp = M.log_softmax(z / temperature)
-    keep = np.ones(len(z), dtype=bool)
-    order = np.argsort(-logp, kind="stable")
-    if top_k is not None and top_k > 0:
-        keep[order[top_k:]] = False
-    if top_p is not None and top_p < 1:
-        # Keep the smallest prefix of the sorted tokens whose mass reaches top_p.
-        cum = np.cumsum(np.exp(logp[order]))
-        keep[order[np.searchsorted(cum, top_p) + 1 :]] = False
-    cum = np.cumsum(np.where(keep, np.exp(logp), 0.0))
-    tok = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(z) - 1)
-    return tok, float(logp[tok])
+@dataclass(frozen=True)
+class _Distribution:
+    """One next-token distribution, ready to draw from: the cumulative kept mass and the logprobs."""
+
+    cumulative: list[float]  # over the tokens top-k/top-p keep (others add nothing)
+    logprobs: list[float]  # log softmax(z / temperature), before truncation
+    greedy: int  # argmax, for temperature 0
+
+    def draw(self, u: float) -> int:
+        """The token whose cumulative mass first exceeds ``u`` of the total."""
+        return min(bisect.bisect_right(self.cumulative, u * self.cumulative[-1]), len(self.cumulative) - 1)
+
+
+class _Picker:
+    """Draws next tokens for one ``sample`` call (see Policy.sample).
+
+    Outside the arithmetic head a position's logits depend only on (previous
+    token, table row of the position), so each such distribution is computed
+    once per call and reused: a run of filler costs a dictionary lookup and a
+    bisection per token, not a softmax over the vocabulary.
+    """
+
+    def __init__(self, params: M.Params, temperature: float, top_k: int | None, top_p: float | None) -> None:
+        self.params, self.temperature, self.top_k, self.top_p = params, temperature, top_k, top_p
+        self._cache: dict[tuple[int, int], _Distribution] = {}
+
+    def pick(self, prev: int, row: int, head_mu: float | None, u: float) -> tuple[int, float]:
+        """One token after ``prev`` at table row ``row`` (``head_mu``: the head is active) and its logprob."""
+        if head_mu is None:
+            dist = self._cache.get((prev, row))
+            if dist is None:
+                dist = self._cache[(prev, row)] = self._distribution(self._logits(prev, row))
+        else:
+            z = self._logits(prev, row)
+            z[M.NUMBER_IDS] += M.head_logits(np.array([head_mu]), self.params)[0]
+            dist = self._distribution(z)
+        tok = dist.greedy if self.temperature == 0 else dist.draw(u)
+        return tok, dist.logprobs[tok]
+
+    def _logits(self, prev: int, row: int) -> np.ndarray:
+        table = self.params.table
+        return table[M.BIAS_ROW] + table[M.PREV_ROW0 + prev] + table[row]
+
+    def _distribution(self, z: np.ndarray) -> _Distribution:
+        if self.temperature == 0:
+            logp = M.log_softmax(z)  # greedy reports the temperature-1 logprobs
+            return _Distribution([1.0], logp.tolist(), int(np.argmax(z)))
+        logp = M.log_softmax(z / self.temperature)
+        keep = np.ones(len(z), dtype=bool)
+        order = np.argsort(-logp, kind="stable")
+        if self.top_k is not None and self.top_k > 0:
+            keep[order[self.top_k:]] = False
+        if self.top_p is not None and self.top_p < 1:
+            # Keep the smallest prefix of the sorted tokens whose mass reaches top_p.
+            cum = np.cumsum(np.exp(logp[order]))
+            keep[order[np.searchsorted(cum, self.top_p) + 1 :]] = False
+        cumulative = np.cumsum(np.where(keep, np.exp(logp), 0.0))
+        return _Distribution(cumulative.tolist(), logp.tolist(), int(np.argmax(z)))
 
 
 # ---- the "pretrained" base model ----------------------------------------------------
@@ -262,6 +308,15 @@ PLUS_VERB_WEIGHT = 0.85  # the base model's weight on the operand after a plus v
 MINUS_VERB_WEIGHT = -0.6  # ... after a minus verb (should be -1)
 ROUND_BIAS = 1.0  # extra logit for multiples of 5 after "####"
 PRIOR_NOISE = 0.3  # seeded noise on the number logits after "####"
+# Reasoning-length completions (see the module docstring). The first completion token is "####" with
+# ANSWER_FIRST, else one of the filler words (each less likely than "####", so greedy answers at once);
+# a filler word is followed by another with FILLER_CONTINUE, else by "####" (FILLER_TO_ANSWER of the
+# time) or by <eos>: a run of filler has a mean of about 1 / (1 - FILLER_CONTINUE) tokens.
+FILLER_WORDS = ("so", "then", "now")
+ANSWER_FIRST = 0.4
+FILLER_CONTINUE = 0.996
+FILLER_TO_ANSWER = 0.7
+NEVER = -30.0  # the logit of a token the base model does not write at that point
 
 
 def _operand_cues(phrases: Sequence[str]) -> list[int]:
@@ -275,14 +330,24 @@ def _base_params() -> np.ndarray:
     p = M.unpack(theta)
     never = [M.TOKENIZER.token_id(t) for t in CONTROL + DIGIT_CONTINUATIONS if t != "<eos>"]
     p.table[M.BIAS_ROW, never] = -10.0
-    # Format: "####" first, then a number, then <eos>; <eos> is near certain from
-    # offset 4 on, so generations end within a handful of tokens whatever max_tokens is.
-    p.table[M.OFFSET_ROW0 + 0, M.HASHES] = 9.0
+    filler = [M.TOKENIZER.token_id(w) for w in FILLER_WORDS]
+    # The first completion token: "####", or a filler word that starts the "thinking".
+    first = p.table[M.OFFSET_ROW0 + 0]
+    first[:] = NEVER
+    first[M.HASHES] = np.log(ANSWER_FIRST)
+    first[filler] = np.log((1 - ANSWER_FIRST) / len(filler))
+    # After a filler word: more filler, or the answer, or the end without one.
+    for word in filler:
+        row = p.table[M.PREV_ROW0 + word]
+        row[:] = NEVER
+        row[filler] = np.log(FILLER_CONTINUE / len(filler))
+        row[M.HASHES] = np.log((1 - FILLER_CONTINUE) * FILLER_TO_ANSWER)
+        row[M.EOS] = np.log((1 - FILLER_CONTINUE) * (1 - FILLER_TO_ANSWER))
+    # After "####" a number (the head adds the arithmetic), and after a number <eos>.
     after_hashes = p.table[M.PREV_ROW0 + M.HASHES]
-    after_hashes[np.setdiff1d(np.arange(M.VOCAB_SIZE), M.NUMBER_IDS)] = -8.0
+    after_hashes[np.setdiff1d(np.arange(M.VOCAB_SIZE), M.NUMBER_IDS)] = NEVER
     after_hashes[M.NUMBER_IDS] = ROUND_BIAS * (M.NUMBERS % 5 == 0) + PRIOR_NOISE * rng.standard_normal(len(M.NUMBERS))
-    p.table[M.OFFSET_ROW0 + 2 : M.OFFSET_ROW0 + 4, M.EOS] = 9.0
-    p.table[M.OFFSET_ROW0 + 4 : M.OFFSET_ROW0 + M.N_OFFSETS, M.EOS] = 30.0
+    p.table[M.PREV_ROW0 + M.NUMBER_IDS, M.EOS] = -NEVER
     # Arithmetic: "has A" counts fully; verbs only partly (and minus verbs least).
     p.cue_weights[M.BEFORE, M.TOKENIZER.token_id("has")] = M.VALUE_SCALE
     p.cue_weights[M.BEFORE, _operand_cues(toy_data.PLUS_VERBS)] = PLUS_VERB_WEIGHT * M.VALUE_SCALE

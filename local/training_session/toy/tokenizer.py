@@ -1,19 +1,28 @@
 """The word-level tokenizer of the local base model ``local-toy-arith``.
 
-Its methods mirror the subset of Hugging Face's tokenizer API the project uses
-(``encode``, ``decode``, ``apply_chat_template``, ``convert_ids_to_tokens``), so
-the steps code can hold either this or a transformers tokenizer behind one seam.
+The service's model works on its ids; its methods mirror the subset of Hugging
+Face's tokenizer API the project uses (``encode``, ``decode``,
+``apply_chat_template``, ``convert_ids_to_tokens``) for tests and examples. The
+steps never import it: they load its Hugging Face files (below), as any model's.
 
 Text is lowercased and split into words, whole numbers and punctuation. Whole
-numbers 0..99 are single tokens; longer ones are a leading digit followed by
-``##d`` continuation digits (``123`` -> ``1 ##2 ##3``), which decode glues back
-together. Words outside the small vocabulary become ``<unk>``. Decoding joins
-tokens with spaces, so a completion reads e.g. ``#### 7``.
+numbers 0..99 are single tokens; a longer one is split as WordPiece splits it,
+longest vocabulary entry first, then ``##d`` continuation digits (``123`` ->
+``12 ##3``, ``007`` -> ``0 ##0 ##7``), which decode glues back together. Words
+outside the small vocabulary become ``<unk>``. Decoding joins tokens with
+spaces, so a completion reads e.g. ``#### 7``.
+
+The same tokenizer as Hugging Face files (:func:`write_hf_tokenizer`, committed
+in ``hf_tokenizer_files/``): what the local service's ``DescribeHubContent``
+publishes as the model's ``HuggingfaceId``, so the steps load it with
+``transformers.AutoTokenizer`` exactly as they load a real model's tokenizer.
 """
 from __future__ import annotations
 
+import json
 import operator
 import re
+from pathlib import Path
 from typing import Sequence
 
 from local import toy_data
@@ -69,10 +78,12 @@ class ToyTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids = [self.bos_token_id] if add_special_tokens else []
         for piece in _PIECE_RE.findall(text.lower()):
-            if piece.isdigit() and not (len(piece) <= 2 and (len(piece) == 1 or piece[0] != "0")):
-                # Long numbers (and leading zeros) go digit by digit so decode restores them.
-                ids.append(self._id[piece[0]])
-                ids.extend(self._id["##" + d] for d in piece[1:])
+            if piece.isdigit():
+                # WordPiece's greedy longest match: a whole number 0..99 first, then single continuation
+                # digits, so leading zeros and long numbers survive decode.
+                head = piece[:2] if piece[:2] in self._id else piece[0]
+                ids.append(self._id[head])
+                ids.extend(self._id["##" + d] for d in piece[len(head):])
             else:
                 ids.append(self._id.get(piece, self.unk_token_id))
         return ids
@@ -127,3 +138,66 @@ def _role_and_content(message: dict, index: int) -> tuple[str, str]:
             f"messages[{index}] must be a dict with 'role' in {ROLES} and a string 'content', got {message!r}"
         )
     return message["role"], message["content"]
+
+
+# -- the same tokenizer as Hugging Face files ---------------------------------------------------
+#: Where the committed files live; the local service's DescribeHubContent names this directory.
+HF_FILES = Path(__file__).resolve().parent / "hf_tokenizer_files"
+# ToyTokenizer.apply_chat_template in Jinja, the language of Hugging Face chat templates.
+CHAT_TEMPLATE = (
+    "<bos>{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] or message['content'] is not string %}"
+    "{{ raise_exception('messages[' ~ loop.index0 ~ '] must have a role in system, user, assistant "
+    "and a string content') }}{% endif %}"
+    " <{{ message['role'] }}> {{ message['content'] }}{% if message['role'] == 'assistant' %} <eos>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %} <assistant>{% endif %}"
+)
+
+
+def hf_tokenizer_json() -> str:
+    """``tokenizer.json`` of the toy vocabulary, built with the ``tokenizers`` library.
+
+    A WordPiece model over :data:`VOCAB` (same ids), ``##`` continuations, a lowercase
+    normaliser, and a pre-tokenizer cutting the pieces :data:`_PIECE_RE` cuts (spaces other
+    than newlines dropped). The decoder is not WordPiece's: that one would glue ``####`` to the
+    token before it, as it does any token starting with ``##``; this one joins tokens with
+    spaces and glues only the ``##d`` digit continuations, like :meth:`ToyTokenizer.decode`.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(VOCAB)}, unk_token="<unk>",
+                                     continuing_subword_prefix="##", max_input_chars_per_word=1_000_000))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"),
+        pre_tokenizers.Split(Regex(_PIECE_RE.pattern), behavior="isolated"),
+    ])
+    tok.decoder = decoders.Sequence([
+        decoders.Replace(Regex("^"), " "),  # every token after a space...
+        decoders.Replace(Regex(r"^ ##(?=\d$)"), ""),  # ...but a continuation digit
+        decoders.Fuse(),
+        decoders.Strip(" ", 1, 0),
+        decoders.Replace(" \n ", "\n"),
+        decoders.Replace(" \n", "\n"),
+    ])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CONTROL])
+    return tok.to_str(pretty=True)
+
+
+def hf_tokenizer_config() -> dict:
+    """``tokenizer_config.json``: the fast tokenizer class, the special tokens, the chat template."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+            "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 1024, "chat_template": CHAT_TEMPLATE}
+
+
+def write_hf_tokenizer(out_dir: Path) -> None:
+    """Write the Hugging Face files; ``python -m local.training_session.toy.tokenizer`` regenerates HF_FILES."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.json").write_text(hf_tokenizer_json() + "\n", encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config(), indent=2) + "\n",
+                                                   encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_hf_tokenizer(HF_FILES)
+    print(f"wrote {HF_FILES}")

@@ -1,0 +1,466 @@
+"""The cost model of the local service: operations take the time the real service's GPUs would take.
+
+Off by default (the toy model then answers as fast as numpy computes, and tests stay
+fast). On, every runtime operation of a session becomes work for that session's
+simulated GPUs, and its result is visible (``Completed``) only once the simulated
+GPUs have done it:
+
+* **Sampling** (the sampler): a request first prefills its prompt
+  (``prompt tokens / prefill_tokens_per_s``), then each of its sequences decodes its
+  generated tokens. Every sequence being decoded gets ``min(1 / token_latency,
+  decode_tokens_per_s / active sequences)`` tokens per second: one token per
+  ``token_latency_ms`` while the active sequences fit the sampler's batch capacity
+  (``decode_tokens_per_s x token_latency_ms``), and an equal share of the decode
+  throughput beyond it. That is processor sharing: a request's finish time moves
+  later when more sequences arrive while it decodes. A request is done when its
+  last sequence is.
+* **Training** (the trainer): operations run one at a time, in sequence order.
+  ``forward_backward`` costs its datum tokens / ``train_tokens_per_s`` (``forward``
+  a third of that: no backward pass); ``optim_step``, ``save_weights_for_sampler``
+  and ``save_state`` (or a ``load_state``) fixed times.
+* ``shared_gpus``: sampler and trainer are the same GPUs. A training operation then
+  pauses all decoding while it runs; otherwise they are separate, equal pools.
+
+Time is simulated, exactly, event by event (arrivals, prefill ends, sequence ends,
+training operations), not as sleeps inside the numpy work: the numpy work runs as fast
+as it can and its result waits for its simulated finish. Two clocks:
+
+* ``time_scale`` (the default clock): ``time_scale`` simulated seconds pass per
+  wall-clock second, so the service feels like the real one at 1 and runs 100x faster
+  with the same GPU ratios at 100. Whatever the client computes meanwhile is scaled
+  up with it, and so is the toy's own numpy time when it lags behind.
+* ``virtual_time``: simulated time passes only while every request to the service
+  waits on the simulated GPUs (:class:`VirtualClock`); the client's and the toy's own
+  computing takes none. ``make bench`` uses it: the toy and the SDK spend about a
+  second of CPU per generation batch on this machine, which any time scale would turn
+  into GPU idle time that the real service would not see.
+
+**Defaults**, for a ~30B dense model with LoRA on one node of GPUs; the ratios, not the
+absolute seconds, are what the bench reads:
+
+* decode: 25 ms per token for one sequence, 6,000 tokens/s shared (a batch capacity
+  of 150 sequences). Public vLLM/TensorRT-LLM figures for Qwen3-32B on H100s: 2,100-6,800
+  total tokens/s per GPU at high concurrency, 43-88 ms per output token (TPOT) under load;
+  a few tens of ms per token for a lone sequence.
+* prefill: 20,000 tokens/s (prompt tokens are ~3x cheaper than generated ones in Tinker's
+  and Prime Intellect's per-token prices, and batch far better).
+* training: 5,000 tokens/s forward+backward: per-token training prices are 1-1.3x the
+  sampling prices (Tinker, Prime Intellect), on hardware the size of the sampler's.
+* optim_step 1 s, save_weights_for_sampler 3 s (write a rank-32 adapter and load it into
+  the sampler), save_state 10 s (the adapter and its Adam moments to S3): no public
+  figures, orders of magnitude.
+
+Settable like the faults (``settings``): flags of ``python -m local.training_session``,
+``LOCAL_TS_COST_*`` variables, ``POST /_admin/costs``. A session keeps the settings it
+was created with; ``GET /_admin/costs`` reports each session's simulated clock and
+how busy its GPUs were.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator, Mapping
+
+from local.training_session.settings import Settings, require
+
+ENV_VARS = {
+    "enabled": "LOCAL_TS_COST_MODEL",
+    "time_scale": "LOCAL_TS_COST_TIME_SCALE",
+    "decode_tokens_per_s": "LOCAL_TS_COST_DECODE_TOKENS_PER_S",
+    "token_latency_ms": "LOCAL_TS_COST_TOKEN_LATENCY_MS",
+    "prefill_tokens_per_s": "LOCAL_TS_COST_PREFILL_TOKENS_PER_S",
+    "train_tokens_per_s": "LOCAL_TS_COST_TRAIN_TOKENS_PER_S",
+    "optim_step_s": "LOCAL_TS_COST_OPTIM_STEP_S",
+    "save_weights_s": "LOCAL_TS_COST_SAVE_WEIGHTS_S",
+    "save_state_s": "LOCAL_TS_COST_SAVE_STATE_S",
+    "shared_gpus": "LOCAL_TS_COST_SHARED_GPUS",
+    "virtual_time": "LOCAL_TS_COST_VIRTUAL_TIME",
+}
+#: A forward pass without the backward costs about a third of forward_backward.
+FORWARD_SHARE = 1 / 3
+MIN_SLEEP_S = 0.0005
+
+
+@dataclass(frozen=True)
+class Costs(Settings):
+    """How long the service's GPUs take for each operation (see the module docstring)."""
+
+    enabled: bool = False
+    time_scale: float = 1.0
+    decode_tokens_per_s: float = 6000.0
+    token_latency_ms: float = 25.0
+    prefill_tokens_per_s: float = 20000.0
+    train_tokens_per_s: float = 5000.0
+    optim_step_s: float = 1.0
+    save_weights_s: float = 3.0
+    save_state_s: float = 10.0
+    shared_gpus: bool = False
+    virtual_time: bool = False
+    KIND: ClassVar[str] = "cost"
+    ENV_VARS: ClassVar[Mapping[str, str]] = ENV_VARS
+
+    def __post_init__(self) -> None:
+        for name in ("enabled", "shared_gpus", "virtual_time"):
+            require("cost", isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
+        for name in ("time_scale", "decode_tokens_per_s", "token_latency_ms", "prefill_tokens_per_s",
+                     "train_tokens_per_s"):
+            value = getattr(self, name)
+            require("cost", _number(value) and value > 0, name, value, "a number > 0")
+        for name in ("optim_step_s", "save_weights_s", "save_state_s"):
+            value = getattr(self, name)
+            require("cost", _number(value) and value >= 0, name, value, "a number of seconds >= 0")
+
+    @property
+    def capacity(self) -> float:
+        """Sequences the sampler decodes at full per-token speed."""
+        return self.decode_tokens_per_s * self.token_latency_ms / 1000
+
+    def decode_rate(self, active: int) -> float:
+        """Tokens per second each of ``active`` sequences gets."""
+        return min(1000 / self.token_latency_ms, self.decode_tokens_per_s / max(active, 1))
+
+    def training_seconds(self, kind: str, tokens: int) -> float:
+        """Simulated seconds of one training operation (``kind``: the API's operationConfig member)."""
+        if kind in ("forwardBackward", "forward"):
+            share = 1.0 if kind == "forwardBackward" else FORWARD_SHARE
+            return share * tokens / self.train_tokens_per_s
+        fixed = {"optimizerStep": self.optim_step_s, "saveWeights": self.save_weights_s,
+                 "saveState": self.save_state_s, "loadState": self.save_state_s}
+        return fixed[kind]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def model_input_tokens(model_input: Mapping[str, Any]) -> int:
+    """Tokens of a (validated) wire ModelInput."""
+    return sum(len(chunk.get("tokens") or ()) for chunk in model_input["chunks"])
+
+
+def request_tokens(kind: str, config: Mapping[str, Any]) -> int:
+    """Tokens the work of an operation is proportional to, from its (validated) operationConfig member:
+    datum tokens of a forward(_backward), prompt tokens of a sample or computeLogprobs, else 0."""
+    if kind in ("forwardBackward", "forward"):
+        return sum(model_input_tokens(d["modelInput"]) for d in config["datumList"])
+    if kind in ("sample", "computeLogprobs"):
+        return model_input_tokens(config["prompt"])
+    return 0
+
+
+@dataclass(eq=False)
+class Job:
+    """One operation on the simulated GPUs. Times are simulated seconds since the session started."""
+
+    arrival: float
+    seconds: float = 0.0  # training: its cost; sampling: the prefill
+    known: bool = False  # its work is known (a sample's generated lengths; a training operation's cost)
+    start: float | None = None  # training: its turn on the trainer; sampling: the decode start
+    finish: float | None = None
+    sequences_left: int = 0
+    longest: int = 0  # sampling: tokens of its longest sequence
+    last_progress: float = 0.0  # sampling, once decoding: the decode progress at which its longest sequence ends
+
+
+@dataclass
+class Usage:
+    """What the GPUs did, in simulated seconds and tokens (cumulative since the session started)."""
+
+    sampler_busy_s: float = 0.0  # time with at least one sequence decoding
+    decoded_tokens: float = 0.0
+    prefill_tokens: int = 0
+    trained_tokens: int = 0
+    sampling_jobs: int = 0
+    training_jobs: int = 0
+    revealed: int = 0
+    reveal_lag_sum_s: float = 0.0  # simulated time results were shown after their finish (scheduling and compute)
+    reveal_lag_max_s: float = 0.0
+
+
+class WallClock:
+    """Simulated seconds that run ``scale`` times as fast as the wall clock."""
+
+    def __init__(self, scale: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.scale, self._monotonic = scale, monotonic
+
+    def now(self) -> float:
+        return self._monotonic() * self.scale
+
+    def sleep_until(self, t: float, stopped: threading.Event, deadline: float) -> None:
+        """Sleep until simulated time ``t`` (or the wall-clock ``deadline``, or ``stopped``)."""
+        wall = self._monotonic()
+        stopped.wait(max(min((t - self.now()) / self.scale, deadline - wall), MIN_SLEEP_S))
+
+
+class VirtualClock:
+    """Simulated time that passes only while every request to the service waits on the simulated GPUs.
+
+    The service counts its requests: a result poll held for an unfinished operation is
+    waiting; any other request in progress means the client is at work. When at least
+    one poll waits, nothing else is in progress and no operation was submitted for
+    ``QUIET_S`` (the SDK submits a batch of requests from several threads at once, and
+    a poll may start while the last of them are still coming), the clock jumps to the
+    earliest time a waiting poll could be answered. So a client's own computing takes
+    no simulated time at all, however long the toy model and the SDK take for it on
+    this machine: what is measured is the loop's use of the GPUs. A client that waits
+    on one thread while it computes on another would be mis-timed; the training loop
+    waits on one.
+    """
+
+    QUIET_S = 0.01
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._cond = threading.Condition()
+        self._now = 0.0
+        self._active = 0  # requests in progress, held polls excluded
+        self._held = 0  # polls waiting for their operation
+        self._wakeups: list[float] = []  # simulated times held polls wait for
+        self._quiet_since = monotonic()  # the last submit (or other non-poll request) ended
+
+    def now(self) -> float:
+        return self._now
+
+    @contextmanager
+    def request(self, submits: bool) -> Iterator[None]:
+        """Around every request the service handles; ``submits``: not a result poll."""
+        with self._cond:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                if submits:
+                    self._quiet_since = self._monotonic()
+                self._cond.notify_all()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Around a poll's wait for its operation."""
+        with self._cond:
+            self._active -= 1
+            self._held += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._active += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._cond:
+            return {"now_s": self._now, "requests_working": self._active, "polls_waiting": self._held,
+                    "wakeups": len(self._wakeups)}
+
+    def sleep_until(self, t: float, stopped: threading.Event, deadline: float) -> None:
+        with self._cond:
+            self._wakeups.append(t)
+            try:
+                while self._now < t and not stopped.is_set():
+                    wall = self._monotonic()
+                    quiet = wall - self._quiet_since
+                    # Jump only when no waiting poll is already due (it answers first, and its client goes on).
+                    if self._active == 0 and self._held > 0 and quiet >= self.QUIET_S and \
+                            min(self._wakeups) > self._now:
+                        self._now = min(self._wakeups)
+                        self._cond.notify_all()
+                        if self._now >= t:
+                            break
+                    if wall >= deadline:
+                        return
+                    self._cond.wait(min(max(self.QUIET_S - quiet, MIN_SLEEP_S), deadline - wall, 0.05))
+            finally:
+                self._wakeups.remove(t)
+
+
+Clock = WallClock | VirtualClock
+
+
+class Gpus:
+    """One session's GPUs in simulated time: a processor-sharing sampler and a FIFO trainer.
+
+    The simulation is committed event by event up to the present, but never past the
+    arrival of a sample whose generated lengths are not known yet (its numpy work is
+    still running): events are always processed in time order, so no finish time is
+    ever revised after a result was shown. Training operations are scheduled when they
+    arrive (their cost is known from the request), one after another.
+    """
+
+    def __init__(self, costs: Costs, clock: Clock) -> None:
+        self.costs = costs
+        self.clock = clock
+        # Times are the clock's own (no offset to round), ``origin`` when the session started.
+        self.origin = clock.now()
+        self._cond = threading.Condition()
+        self._t = self.origin  # committed simulated time
+        self._progress = 0.0  # tokens each decoding sequence has advanced since the start
+        self._decoding: list[tuple[float, int, Job]] = []  # heap of (progress at its end, tiebreak, job)
+        self._joining: list[tuple[float, int, Job, list[int]]] = []  # heap: (decode start, tiebreak, job, lengths)
+        self._pending: list[Job] = []  # samples arrived whose work is not known: the commit horizon
+        self._training: list[tuple[float, float]] = []  # the trainer's intervals, in order
+        self._passed = 0  # intervals that ended before the committed time
+        self._trainer_free = self.origin
+        self._tiebreak = itertools.count()
+        self.usage = Usage()
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    # -- work arrives ----------------------------------------------------------
+    def sampling_arrives(self, prompt_tokens: int) -> Job:
+        """A sample request was submitted: it prefills, then decodes what :meth:`sampled` says."""
+        with self._cond:
+            job = Job(arrival=self.now(), seconds=prompt_tokens / self.costs.prefill_tokens_per_s)
+            self._pending.append(job)
+            self.usage.prefill_tokens += prompt_tokens
+            self.usage.sampling_jobs += 1
+            return job
+
+    def sampled(self, job: Job, lengths: list[int]) -> None:
+        """The generated length of each of the job's sequences (none: the operation failed)."""
+        with self._cond:
+            self._pending.remove(job)
+            job.known = True
+            decode_start = job.arrival + job.seconds
+            if lengths:
+                job.sequences_left, job.longest = len(lengths), max(lengths)
+                heapq.heappush(self._joining, (decode_start, next(self._tiebreak), job, lengths))
+            else:
+                job.finish = decode_start
+            self._cond.notify_all()
+
+    def training_arrives(self, kind: str, tokens: int) -> Job:
+        """A training operation was submitted: it runs once the trainer has done everything before it."""
+        with self._cond:
+            job = Job(arrival=self.now(), seconds=self.costs.training_seconds(kind, tokens), known=True)
+            job.start = max(job.arrival, self._trainer_free)
+            job.finish = self._trainer_free = job.start + job.seconds
+            if job.seconds > 0:
+                self._training.append((job.start, job.finish))
+            self.usage.training_jobs += 1
+            if kind == "forwardBackward":
+                self.usage.trained_tokens += tokens
+            return job
+
+    # -- waiting -------------------------------------------------------------------
+    def done(self, job: Job) -> bool:
+        """Whether ``job`` is done by now in simulated time (its finish is then final)."""
+        with self._cond:
+            self._advance(self.now())
+            return job.finish is not None and job.finish <= self._t
+
+    def wait(self, job: Job, deadline: float, stopped: threading.Event) -> bool:
+        """Block until ``job`` is done in simulated time (True), or the wall-clock ``deadline`` passes."""
+        while not stopped.is_set():
+            with self._cond:
+                self._advance(self.now())
+                if job.finish is not None and job.finish <= self._t:
+                    self._revealed(job)
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                earliest = self._earliest_finish(job)
+                if earliest is None or earliest <= self.now():
+                    # Held back by work not known yet (its own, or a sample that arrived before it finished).
+                    self._cond.wait(min(remaining, 0.05))
+                    continue
+            self.clock.sleep_until(earliest, stopped, deadline)
+        return False
+
+    def _earliest_finish(self, job: Job) -> float | None:
+        """A simulated time before which ``job`` cannot be done (it may be later); None while its work is unknown."""
+        if not job.known:
+            return None
+        if job.finish is not None:
+            return job.finish
+        fastest = self.costs.token_latency_ms / 1000  # seconds per token at full speed
+        if job.start is None:  # not decoding yet: its longest sequence at full speed from the decode start
+            bound = job.arrival + job.seconds + job.longest * fastest
+        else:
+            bound = self._t + (job.last_progress - self._progress) * fastest
+        return max(bound, math.nextafter(self._t, math.inf))  # unfinished: strictly after the committed time
+
+    def _revealed(self, job: Job) -> None:
+        lag = max(self.now() - job.finish, 0.0) if job.finish is not None else 0.0
+        self.usage.revealed += 1
+        self.usage.reveal_lag_sum_s += lag
+        self.usage.reveal_lag_max_s = max(self.usage.reveal_lag_max_s, lag)
+
+    # -- the simulation ----------------------------------------------------------------
+    def _advance(self, until: float) -> None:
+        """Commit every event up to ``until``, or up to the arrival of work not known yet.
+
+        Each step jumps to the next event exactly (a join, a pause's start or end, the
+        first sequence to end), so the comparisons in :meth:`_settle` are exact and no
+        event is lost to rounding, however large the simulated clock grows; an event that
+        rounds to the committed time is processed at it.
+        """
+        horizon = min([until] + [j.arrival for j in self._pending])
+        while True:
+            blocked, block_end, next_block = self._block_at(self._t)
+            n = len(self._decoding)
+            rate = 0.0 if blocked or not n else self.costs.decode_rate(n)
+            t_event = min(block_end if blocked else next_block, self._joining[0][0] if self._joining else math.inf)
+            t_head = self._t + (self._decoding[0][0] - self._progress) / rate if rate else math.inf
+            t_next = min(t_event, t_head, horizon)
+            if rate:
+                dt = t_next - self._t
+                self._progress = self._decoding[0][0] if t_head <= t_next else self._progress + rate * dt
+                self.usage.sampler_busy_s += dt
+                self.usage.decoded_tokens += rate * dt * n
+            self._t = max(t_next, self._t)
+            if min(t_event, t_head) > horizon:
+                return
+            self._settle()
+
+    def _settle(self) -> None:
+        """Sequences that ended, and requests whose decoding starts, at the committed time."""
+        while self._decoding and self._decoding[0][0] <= self._progress:
+            _, _, job = heapq.heappop(self._decoding)
+            job.sequences_left -= 1
+            if job.sequences_left == 0:
+                job.finish = self._t
+        while self._joining and self._joining[0][0] <= self._t:
+            _, _, job, lengths = heapq.heappop(self._joining)
+            job.start = self._t
+            for n in lengths:
+                heapq.heappush(self._decoding, (self._progress + n, next(self._tiebreak), job))
+            job.last_progress = self._progress + job.longest
+
+    def _block_at(self, t: float) -> tuple[bool, float, float]:
+        """(decoding paused by training at ``t``, when that pause ends, when the next one starts).
+
+        Only with shared GPUs; the trainer's intervals are in order and never overlap."""
+        if self.costs.shared_gpus:
+            while self._passed < len(self._training) and self._training[self._passed][1] <= t:
+                self._passed += 1
+            if self._passed < len(self._training):
+                start, end = self._training[self._passed]
+                return (True, end, end) if start <= t else (False, end, start)
+        return False, float("inf"), float("inf")
+
+    # -- reporting ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """For ``GET /_admin/costs``: the simulated clock and what the GPUs did up to it."""
+        with self._cond:
+            now = self.now()
+            self._advance(now)
+            u = self.usage
+            trainer_busy = sum(max(0.0, min(end, now) - start) for start, end in self._training)
+            return {
+                "simulated_s": now - self.origin, "committed_s": self._t - self.origin,
+                "sampler_busy_s": u.sampler_busy_s,
+                "decoded_tokens": u.decoded_tokens, "prefill_tokens": u.prefill_tokens, "trainer_busy_s": trainer_busy,
+                "trained_tokens": u.trained_tokens, "sampling_operations": u.sampling_jobs,
+                "training_operations": u.training_jobs, "decoding_now": len(self._decoding),
+                "reveal_lag_mean_s": u.reveal_lag_sum_s / u.revealed if u.revealed else 0.0,
+                "reveal_lag_max_s": u.reveal_lag_max_s,
+            }

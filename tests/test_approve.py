@@ -1,0 +1,126 @@
+"""ApproveModel and RecordRejection: the evaluation written onto the model package, in moto's registry and in
+the local training-session service's (where the session registered the package the pipeline approves)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from local.toy_data import write_split
+from steps import approve, train
+from tests.local_service import ENDPOINT_ENV_VARS, client_kwargs
+
+EXECUTION = "arn:aws:sagemaker:us-west-2:123456789012:pipeline/dapo-gsm8k/execution/k2x9q1"
+BASE = "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/qwen3-8b/1.0.0"
+# botocore's CustomerMetadataValue pattern, \p{L}\p{Z}\p{N} read as Python's \w and a space.
+METADATA_VALUE = re.compile(r"[\w .:/=+\-@]{1,256}")
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """moto's registry with one pending package, as the training session leaves it."""
+    for var in ENDPOINT_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with mock_aws():
+        sm = boto3.client("sagemaker", region_name="us-west-2")
+        sm.create_model_package_group(ModelPackageGroupName="dapo")
+        arn = sm.create_model_package(ModelPackageGroupName="dapo", ModelApprovalStatus="PendingManualApproval",
+                                      ModelPackageDescription="dapo weights")["ModelPackageArn"]
+        yield sm, arn
+
+
+def write_inputs(tmp_path, arn, *, steps=30, stopped_early=False, stop_reason="", accuracy=0.83):
+    model = {"model_package_arn": arn, "base_model": BASE, "steps_completed": steps, "stopped_early": stopped_early,
+             "stop_reason": stop_reason, "config": {"session": {"region": "us-west-2"}},
+             "mlflow": {"tracking_uri": "arn:aws:sagemaker:us-west-2:123456789012:mlflow-tracking-server/t",
+                        "experiment": "clip sweep (2)", "run_id": "5f0c2a"}}
+    evaluation = {"metrics": {"accuracy": {"value": accuracy}, "accuracy_lenient": {"value": 0.9},
+                              "format_error_rate": {"value": 0.05}}, "n": 200,
+                  "training": {"steps_completed": steps, "stopped_early": stopped_early, "stop_reason": stop_reason}}
+    (tmp_path / "model.json").write_text(json.dumps(model))
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    return ["--model", str(tmp_path / "model.json"), "--evaluation", str(tmp_path), "--execution-arn", EXECUTION,
+            "--accuracy-threshold", "0.5"]
+
+
+def test_approve_writes_the_figures_onto_the_package(registry, tmp_path, capsys):
+    sm, arn = registry
+    args = write_inputs(tmp_path, arn)
+    assert approve.main(args) == 0
+    desc = sm.describe_model_package(ModelPackageName=arn)
+    assert desc["ModelApprovalStatus"] == "Approved"
+    assert desc["CustomerMetadataProperties"] == {
+        "accuracy": "0.8300", "accuracy_lenient": "0.9000", "format_error_rate": "0.0500", "n": "200",
+        "accuracy_threshold": "0.5000", "steps_completed": "30", "stopped_early": "false", "base_model": BASE,
+        "pipeline_execution_arn": EXECUTION, "mlflow_run_id": "5f0c2a", "mlflow_experiment": "clip sweep _2_",
+    }
+    assert desc["ApprovalDescription"] == (
+        f"Approved by the DAPO pipeline; greedy accuracy 0.8300 (lenient 0.9000) on 200 held-out questions, "
+        f"threshold 0.5; 30 optimizer steps from {BASE}")
+    assert approve.main(args) == 0  # idempotent: a retried step changes nothing
+    assert "already approved" in capsys.readouterr().out
+    assert sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]["accuracy"] == "0.8300"
+
+
+def test_a_rejection_records_the_figures_and_why_without_approving(registry, tmp_path):
+    sm, arn = registry
+    assert approve.main([*write_inputs(tmp_path, arn, accuracy=0.31), "--reject"]) == 0
+    desc = sm.describe_model_package(ModelPackageName=arn)
+    assert desc["ModelApprovalStatus"] == "Rejected"
+    assert desc["CustomerMetadataProperties"]["accuracy"] == "0.3100"
+    assert desc["ApprovalDescription"].startswith(
+        "Rejected by the DAPO pipeline: the accuracy is below the threshold 0.5; greedy accuracy 0.3100")
+
+
+def test_a_run_stopped_before_its_first_step_is_recorded_as_the_base_weights(registry, tmp_path):
+    sm, arn = registry
+    reason = "step 1: only 3 of 32 groups had mixed rewards (filtered fraction 0.91). Raise max_num_gen_batches."
+    args = write_inputs(tmp_path, arn, steps=0, stopped_early=True, stop_reason=reason, accuracy=0.9)
+    assert approve.main([*args, "--reject"]) == 0
+    desc = sm.describe_model_package(ModelPackageName=arn)
+    assert desc["ModelApprovalStatus"] == "Rejected"
+    properties = desc["CustomerMetadataProperties"]
+    assert (properties["steps_completed"], properties["stopped_early"]) == ("0", "true")
+    assert desc["ApprovalDescription"].startswith(
+        "Rejected by the DAPO pipeline: no optimizer step completed, so these are the base weights;")
+    assert f"training stopped early: {reason}" in desc["ApprovalDescription"]
+    # moto does not check botocore's patterns; SageMaker does.
+    assert all(METADATA_VALUE.fullmatch(v) for v in properties.values()), properties
+
+
+def test_approve_refuses_a_bad_evaluation(tmp_path, capsys):
+    arn = "arn:aws:sagemaker:us-west-2:123456789012:model-package/g/1"
+    (tmp_path / "model.json").write_text(json.dumps({"model_package_arn": arn}))
+    (tmp_path / "evaluation.json").write_text(json.dumps({"metrics": {}}))
+    assert approve.main(["--model", str(tmp_path), "--evaluation", str(tmp_path / "evaluation.json")]) == 2
+    assert "metrics.accuracy.value" in capsys.readouterr().err
+
+
+def test_approve_reaches_the_registry_the_training_session_wrote_to(tmp_path, local_service):
+    """SAGEMAKER_TRAINING_SESSION_ENDPOINT set (as locally): the package the real training step registered in the
+    local service is the one approved, with its metadata; the service's own key stays."""
+    train_path, eval_path = write_split(tmp_path / "data", 60, 20, seed=5)
+    assert train.main(["--config", str(Path(__file__).resolve().parents[1] / "config/local.yaml"),
+                       "--train", str(train_path), "--eval", str(eval_path), "--model-dir", str(tmp_path / "model"),
+                       "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                       "--hyperparameters", str(tmp_path / "none.json"), "--set", "max_steps=1",
+                       "--set", "batch_size=4", "--set", "eval_size=4",
+                       "--set", f"model_package_group_arn={client_kwargs()['model_package_group_arn']}"]) == 0
+    arn = json.loads((tmp_path / "model" / "model.json").read_text())["model_package_arn"]
+    (tmp_path / "evaluation.json").write_text(json.dumps({"metrics": {"accuracy": {"value": 0.75}}, "n": 4}))
+    assert approve.main(["--model", str(tmp_path / "model"), "--evaluation", str(tmp_path),
+                         "--execution-arn", EXECUTION]) == 0
+    sm = boto3.client("sagemaker", region_name="us-west-2", endpoint_url=local_service.url)
+    desc = sm.describe_model_package(ModelPackageName=arn)
+    assert desc["ModelApprovalStatus"] == "Approved"
+    properties = desc["CustomerMetadataProperties"]
+    assert properties["TrainingSessionName"].startswith("sagemaker-training-session-")
+    assert {k: properties[k] for k in ("accuracy", "n", "steps_completed", "stopped_early",
+                                       "pipeline_execution_arn")} == {
+        "accuracy": "0.7500", "n": "4", "steps_completed": "1", "stopped_early": "false",
+        "pipeline_execution_arn": EXECUTION}
+    assert desc["ApprovalDescription"].startswith("Approved by the DAPO pipeline; greedy accuracy 0.7500 on 4")

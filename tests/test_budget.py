@@ -1,0 +1,54 @@
+"""Say what it costs: the most generation batches a run may draw and the session time a step may take, printed by
+`make start-pipeline` (against moto here; tests/test_local_run.py runs the local run, which prints the same)."""
+from __future__ import annotations
+
+import pytest
+
+from local.training_session.costs import Costs
+from pipeline import start as start_cmd
+from pipeline.budget import describe, worst_case
+from steps.config import DapoConfig, load_config
+from tests import test_pipeline_deploy as deploy_tests
+from tests.test_pipeline_definition import ROOT
+from tests.test_preflight import REGION
+
+# test_pipeline_deploy's fixtures: a pipeline deployed in moto, and its config.
+aws, account, config, pipeline_in_moto = (deploy_tests.aws, deploy_tests.account, deploy_tests.config,
+                                          deploy_tests.pipeline_in_moto)
+
+
+def test_the_most_a_run_may_draw_is_steps_x_gen_batches_x_batch_x_group():
+    dapo = load_config(ROOT / "config" / "default.yaml").dapo  # 100 steps, 10 batches, 32 x 8
+    budget = worst_case(dapo)
+    assert (budget.gen_batches, budget.samples) == (100 * 10, 100 * 10 * 32 * 8)
+
+
+def test_a_step_decodes_every_generation_batch_it_may_draw_at_the_cost_models_throughput():
+    """Each added generation batch adds one batch's decoding: 256 sequences of 1024 tokens, more than the sampler's
+    150 sequences at full speed, share its 6,000 tokens/s (the documented defaults)."""
+    costs = Costs()
+    assert (costs.decode_tokens_per_s, costs.capacity) == (6000.0, 150.0)
+    one, two = (worst_case(DapoConfig(max_num_gen_batches=n, max_tokens=1024)).step_seconds for n in (10, 11))
+    assert two - one == pytest.approx(256 * 1024 / 6000)
+    # Few sequences decode at one token per 25 ms each, whatever the throughput.
+    small = [worst_case(DapoConfig(batch_size=1, group_size=2, max_num_gen_batches=n, max_tokens=1024)).step_seconds
+             for n in (1, 2)]
+    assert small[1] - small[0] == pytest.approx(1024 * 0.025)
+
+
+def test_the_message_names_the_settings_and_a_run_bounded_by_epochs():
+    text = describe(DapoConfig(max_steps=30, max_num_gen_batches=4, batch_size=16, group_size=8, max_tokens=512))
+    assert "a run may draw up to max_steps 30 x max_num_gen_batches 4 = 120 generation batches of 16 x 8 = 128 " \
+           "samples (15,360 samples)" in text
+    assert "cost: a step may take up to " in text and "30 steps: up to " in text
+    epochs = describe(DapoConfig(max_steps=None, epochs=2))
+    assert "each step may draw up to 10 generation batches" in epochs and "dapo.epochs bounds the steps" in epochs
+
+
+def test_start_pipeline_says_what_it_may_cost_before_it_starts(pipeline_in_moto, config, capsys):
+    session, sm, name = pipeline_in_moto
+    start_cmd.start(session, name, REGION, {"MaxSteps": "30", "BatchSize": "64"}, str(config))
+    out = capsys.readouterr().out
+    # The execution's values: the overrides in place.
+    assert "a run may draw up to max_steps 30 x max_num_gen_batches 10 = 300 generation batches of 64 x 8" in out
+    assert "cost: a step may take up to" in out
