@@ -1,1 +1,2 @@
-"""`make bench`: round trips, speculative generation, client overhead and validation throughput (see README.md)."""
+"""`make bench`: the training loops under the local service's cost model, learning parity, client overhead,
+tracking and validation throughput (see README.md)."""

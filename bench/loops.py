@@ -129,6 +129,7 @@ def run_config(spec: LoopSpec, learning_rate: float) -> dict[str, Any]:
         "batch_size": spec.batch_size, "group_size": spec.group_size, "max_steps": spec.steps, "max_tokens": 512,
         "max_num_gen_batches": 40, "seed": SEED, "learning_rate": learning_rate, "save_every": spec.save_every,
         "eval_every": 0, "max_steps_off_policy": 1 if spec.loop == "pipelined" else 0,
+        "overlong_buffer": 0,  # a length penalty would make groups of equal grades mixed: the grader alone decides
     }
     if spec.loop == "sequential":
         overrides["max_inflight_gen_batches"] = 1
@@ -194,7 +195,8 @@ def step_rows(trainer: MeasuredTrainer, records: list[dict], usage: dict[int, di
         step_s = usage[s]["simulated_s"] - usage[s - 1]["simulated_s"] if s > 1 else None
         critical = max(S, T) if pipelined else S + T
         rows.append({
-            "step": s, "gen_batches": r["gen_batches"], "speculative": r["speculative_batches"],
+            "step": s, "gen_batches": r["gen_batches"], "groups_sampled": r["groups_sampled"],
+            "speculative": r["speculative_batches"],
             "step_s": step_s, "sampling_s": S, "training_s": T, "critical_s": critical,
             "ratio": step_s / critical if step_s else None, "ratio_max": step_s / max(S, T) if step_s else None,
             "sampled_tokens": sum(len(x.tokens) for g in sampled for x in g.rollouts),

@@ -153,7 +153,8 @@ class LocalExecution:
         """Topological order from `Get Steps.X` references and DependsOn."""
         names = {s["Name"] for s in steps}
         deps = {s["Name"]: ({d for d in re.findall(r'"Steps\.(\w+)', json.dumps(s["Arguments"])) if d in names}
-                            | set(s.get("DependsOn", [])) | {d for d in _property_file_steps(s) if d in names}) - {s["Name"]}
+                            | set(s.get("DependsOn", []))
+                            | {d for d in _property_file_steps(s) if d in names}) - {s["Name"]}
                 for s in steps}
         order: list[dict[str, Any]] = []
         done: set[str] = set()
@@ -245,7 +246,8 @@ class LocalExecution:
         hp.parent.mkdir(parents=True, exist_ok=True)
         hp.write_text(json.dumps(args.get("HyperParameters", {})))
         ckpt = args.get("CheckpointConfig")
-        ckpt_dir = self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")) if ckpt else root / "checkpoints"
+        ckpt_dir = (self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")) if ckpt
+                    else root / "checkpoints")
         if ckpt:
             self._download(ckpt["S3Uri"], ckpt_dir)
         cmd = IMAGE_COMMANDS["train"] + ["--hyperparameters", str(hp), "--checkpoint-dir", str(ckpt_dir)]

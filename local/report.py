@@ -88,7 +88,7 @@ def plot_curves(metrics: Path, out: Path) -> None:
     records = _records(metrics)
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, lengths) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     x = [r["step"] for r in steps]
     ax.plot(x, [r["reward_mean"] for r in steps], label="reward mean (sampled)")
     ax.plot(x, [r["accuracy"] for r in steps], label="accuracy, strict: the reward's (sampled, T=1)")
@@ -104,11 +104,20 @@ def plot_curves(metrics: Path, out: Path) -> None:
         (r["step"], r["accuracy_lenient"]) for r in evals]
     if lenient:
         ax.plot([p[0] for p in lenient], [p[1] for p in lenient], "s:", label="greedy eval accuracy, lenient")
-    ax.set_xlabel("step")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
     ax.set_title("DAPO on the local toy task")
+    # The rollouts' lengths: the toy's filler before its answer, and the share cut off at max_tokens.
+    lengths.plot(x, [r["completion_tokens_mean"] for r in steps], color="tab:purple", label="completion tokens, mean")
+    lengths.set_ylabel("tokens")
+    lengths.set_xlabel("step")
+    lengths.grid(alpha=0.3)
+    cut = lengths.twinx()
+    cut.plot(x, [r["truncated_frac"] for r in steps], color="tab:red", linestyle="--",
+             label="truncated at max_tokens (right)")
+    cut.set_ylim(0, max([0.05] + [r["truncated_frac"] * 1.2 for r in steps]))
+    lengths.legend(handles=lengths.get_lines() + cut.get_lines(), loc="upper right")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

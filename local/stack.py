@@ -5,12 +5,12 @@ however it ends (error, Ctrl-C).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
 import urllib.request
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -5,7 +5,6 @@ import ipaddress
 import os
 import socket
 
-
 # Dummy credentials and region so boto3 never looks for real ones, and no SDK
 # telemetry or config lookups leave the machine.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

@@ -49,6 +49,8 @@ def test_start_pipeline_says_what_it_may_cost_before_it_starts(pipeline_in_moto,
     session, sm, name = pipeline_in_moto
     start_cmd.start(session, name, REGION, {"MaxSteps": "30", "BatchSize": "64"}, str(config))
     out = capsys.readouterr().out
-    # The execution's values: the overrides in place.
-    assert "a run may draw up to max_steps 30 x max_num_gen_batches 10 = 300 generation batches of 64 x 8" in out
+    dapo = load_config(config).dapo
+    # The execution's values: the overrides in place, the rest from the config.
+    assert (f"a run may draw up to max_steps 30 x max_num_gen_batches {dapo.max_num_gen_batches} = "
+            f"{30 * dapo.max_num_gen_batches:,} generation batches of 64 x {dapo.group_size}") in out
     assert "cost: a step may take up to" in out

@@ -183,6 +183,15 @@ def test_settings_from_the_environment():
         Costs.from_env({"LOCAL_TS_COST_MODEL": "maybe"})
 
 
+def test_settings_from_the_command_line_override_the_environment(monkeypatch):
+    from local.training_session.__main__ import _parser, _settings
+
+    monkeypatch.setenv("LOCAL_TS_COST_TIME_SCALE", "10")
+    monkeypatch.setenv("LOCAL_TS_COST_SAVE_STATE_S", "4")
+    args = _parser().parse_args(["--cost-model", "--time-scale", "50", "--shared-gpus"])
+    assert _settings(Costs, args) == Costs(enabled=True, time_scale=50.0, save_state_s=4.0, shared_gpus=True)
+
+
 def _admin(url: str, body: dict | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(f"{url}/_admin/costs", data=None if body is None else json.dumps(body).encode())
     try:

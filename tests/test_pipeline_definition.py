@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from sagemaker.core.common_utils import resolve_value_from_config
+from sagemaker.core.config.config_schema import TELEMETRY_OPT_OUT_PATH
 
 from pipeline.config import find_placeholders, load
 from pipeline.definition import OfflineViolation, main, offline_boto_session
 from pipeline.pipeline import make_session
-from sagemaker.core.common_utils import resolve_value_from_config
-from sagemaker.core.config.config_schema import TELEMETRY_OPT_OUT_PATH
 from steps.config import ConfigError, apply_overrides, config_from_dict, load_yaml, to_dict
 from steps.config.parameters import HYPERPARAMETERS
 
@@ -117,7 +117,8 @@ def test_the_offline_session_refuses_any_request():
 def test_the_sdk_sees_telemetry_opted_out():
     """The SDK's telemetry asks STS from a background thread and swallows the refusal; it must not even try."""
     session = make_session("us-west-2", "bucket", offline_boto_session("us-west-2"))
-    assert resolve_value_from_config(None, TELEMETRY_OPT_OUT_PATH, default_value=False, sagemaker_session=session) is True
+    opted_out = resolve_value_from_config(None, TELEMETRY_OPT_OUT_PATH, default_value=False, sagemaker_session=session)
+    assert opted_out is True
 
 
 def test_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):
@@ -190,7 +191,8 @@ def test_validate_step_contract(definition):
     assert app["ContainerEntrypoint"] == ["python", "-m", "steps.validate"]
     assert app["ImageUri"] == {"Get": "Parameters.ImageUri"}
     container_args = app["ContainerArguments"]
-    assert container_args[:4] == ["--train", "/opt/ml/processing/input/train", "--eval", "/opt/ml/processing/input/eval"]
+    assert container_args[:4] == ["--train", "/opt/ml/processing/input/train",
+                                  "--eval", "/opt/ml/processing/input/eval"]
     assert container_args[4] == "--batch-size" and gets(container_args[5]) == {"Parameters.BatchSize"}
     assert container_args[6:8] == ["--output", "/opt/ml/processing/output/validated"]
     # The prompt-length check: the base model (its tokenizer and context from the Hub), the completion
@@ -248,7 +250,8 @@ def test_hyperparameters_carry_the_whole_config(definition, built):
     # What steps.train does with them: resolve each parameter to its default as a
     # string (SageMaker's job) and apply the flat map onto an empty config.
     defaults = {p["Name"]: p["DefaultValue"] for p in definition["Parameters"]}
-    resolved = {k: (v if isinstance(v, str) else str(defaults[next(iter(gets(v))).split(".")[1]])) for k, v in hps.items()}
+    resolved = {k: (v if isinstance(v, str) else str(defaults[next(iter(gets(v))).split(".")[1]]))
+                for k, v in hps.items()}
     run = config_from_dict(apply_overrides({}, resolved, "hyperparameters"), source="hyperparameters")
     assert to_dict(run) == to_dict(built["run"])
 
@@ -262,7 +265,8 @@ def test_evaluate_step_contract(definition):
         "--eval", "/opt/ml/processing/input/eval",
         "--output", "/opt/ml/processing/output/evaluation",
     ]
-    assert app["ContainerArguments"][6] == "--eval-size" and gets(app["ContainerArguments"][7]) == {"Parameters.EvalSize"}
+    assert app["ContainerArguments"][6] == "--eval-size"
+    assert gets(app["ContainerArguments"][7]) == {"Parameters.EvalSize"}
     ins = inputs(s)
     assert ins["model"] == {**ins["model"], "S3Uri": {"Get": MODEL}, "LocalPath": "/opt/ml/processing/input/model"}
     assert join_of(ins["eval"]["S3Uri"]) == [{"Get": VALIDATED}, "eval.jsonl"]

@@ -50,13 +50,15 @@ def test_keeps_sampling_until_the_batch_is_full_and_carries_the_surplus():
     assert len(b.carry) == 2  # 6 kept, 4 used, 2 carried
 
     # The carried groups count first in the next step: one more batch fills it.
-    nxt = collect_step(script.launch, carry=b.carry, batch_size=4, max_gen_batches=5, max_inflight=1, evidence=NO_EVIDENCE)
+    nxt = collect_step(script.launch, carry=b.carry, batch_size=4, max_gen_batches=5, max_inflight=1,
+                       evidence=NO_EVIDENCE)
     assert nxt.kept[:2] == b.carry and nxt.gen_batches == 1 and len(nxt.carry) == 1
 
 
 def test_enough_carry_needs_no_sampling():
     carry = [group(k, MIXED) for k in range(5)]
-    b = collect_step(ScriptedBatches([]).launch, carry, batch_size=4, max_gen_batches=3, max_inflight=2, evidence=NO_EVIDENCE)
+    b = collect_step(ScriptedBatches([]).launch, carry, batch_size=4, max_gen_batches=3, max_inflight=2,
+                     evidence=NO_EVIDENCE)
     assert b.gen_batches == 0 and b.kept == tuple(carry[:4]) and b.carry == tuple(carry[4:])
 
 

@@ -35,7 +35,8 @@ def test_plain_ppo_loop_through_the_sdk_raises_greedy_accuracy(service_client):
             datums = []
             for prompt, row, fut in zip(prompts, batch, futures):
                 seqs = fut.result().sequences
-                rewards = np.array([grade(tok.decode(s.tokens), gold_answer(row["answer"])).correct for s in seqs], float)
+                gold = gold_answer(row["answer"])
+                rewards = np.array([grade(tok.decode(s.tokens), gold).correct for s in seqs], float)
                 for s, adv in zip(seqs, rewards - rewards.mean()):
                     pad = [0.0] * (len(prompt) - 1)
                     tokens = prompt + s.tokens

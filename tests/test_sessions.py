@@ -148,7 +148,7 @@ def test_a_start_stops_the_pipelines_orphans_before_naming_its_own_session(servi
     assert statuses(service_client, stranger.pipeline) == {stranger.session_name(1): "Running"}
     stopped = [r.getMessage() for r in caplog.records]
     assert len(stopped) == 2 and all(re.search(r"stopped orphaned training session \S+ \(job \S+, attempt 1, "
-                                               r"created \d+s ago\): its job is not running", m) for m in stopped)
+                                               r"created \d+s ago\): nothing runs it any more", m) for m in stopped)
     for client in clients:
         client.stop()
 

@@ -206,7 +206,7 @@ def test_sampling_runs_while_training_only_when_pipelined_and_never_waits_for_a_
 
 
 def test_a_pipelined_run_resumes_from_a_checkpoint_of_the_state_before_its_sampling_ahead(
-        tmp_path, toy_data, local_service, monkeypatch, capsys):
+        tmp_path, toy_data, local_service, monkeypatch):
     """Step 3's batch was sampled while step 2 trained; the checkpoint of step 2 still names the data
     position after step 2's own draws, so the rerun redraws step 3 and no step is applied twice."""
     from steps.dapo import loop
@@ -229,7 +229,6 @@ def test_a_pipelined_run_resumes_from_a_checkpoint_of_the_state_before_its_sampl
 
     monkeypatch.setattr(loop, "build_datums", build_datums)
     assert train.main(argv(tmp_path, toy_data, *sets)) == 0
-    assert "resuming from" in capsys.readouterr().err + "".join(first and [])  or True
     final = ckpt_io.read(tmp_path / "ckpt")
     assert [r["step"] for r in step_records(tmp_path)] == [1, 2, 3, 4] and final.step == 4
     assert int(local_service.state.registry.weights(final.state_model_package_arn)["adam_step"]) == 4

@@ -12,6 +12,9 @@ Where a request goes, in order:
   (sequencing, idempotency, lifecycle), the model package registry, the request log;
 - ``faults``: fault injection wrapping that dispatch (throttled submits, failing
   operations, a session that dies) and the service's latency;
+- ``costs``: the optional cost model: each session's simulated GPUs (processor-shared
+  decoding, a training queue, fixed save costs) and the clocks they run on; faults and
+  costs are both ``settings``, set by flags, ``LOCAL_TS_*`` variables or an admin route;
 - ``toy/``: the model behind it all, ``local-toy-arith``: tokenizer, policy,
   model maths, loss functions (one table of their rules), Adam.
 

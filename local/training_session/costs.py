@@ -35,20 +35,24 @@ as it can and its result waits for its simulated finish. Two clocks:
   second of CPU per generation batch on this machine, which any time scale would turn
   into GPU idle time that the real service would not see.
 
-**Defaults**, for a ~30B dense model with LoRA on one node of GPUs; the ratios, not the
-absolute seconds, are what the bench reads:
+**Defaults**, for a 20-30B dense model with LoRA on a few H100s; what the comparisons
+depend on are the ratios between them (decode against training, a lone sequence against a
+full batch, a save against a step), not the absolute seconds:
 
-* decode: 25 ms per token for one sequence, 6,000 tokens/s shared (a batch capacity
-  of 150 sequences). Public vLLM/TensorRT-LLM figures for Qwen3-32B on H100s: 2,100-6,800
-  total tokens/s per GPU at high concurrency, 43-88 ms per output token (TPOT) under load;
-  a few tens of ms per token for a lone sequence.
-* prefill: 20,000 tokens/s (prompt tokens are ~3x cheaper than generated ones in Tinker's
-  and Prime Intellect's per-token prices, and batch far better).
-* training: 5,000 tokens/s forward+backward: per-token training prices are 1-1.3x the
-  sampling prices (Tinker, Prime Intellect), on hardware the size of the sampler's.
+* decode: 25 ms per token for one sequence, 6,000 tokens/s shared (a batch capacity of 150
+  sequences). GPUStack's performance lab (docs.gpustack.ai, "Qwen3-32B on H100") measures
+  vLLM and TensorRT-LLM at 2,100-6,800 total tokens/s per H100 under high concurrency, with
+  mostly 43-290 ms per output token at that load; a lone sequence decodes in a few tens of ms.
+* prefill: 20,000 tokens/s: Tinker (tinker-docs.thinkingmachines.ai, models and pricing:
+  Qwen3.6-27B prefill $1.86, sample $5.60 per million tokens) and Prime Intellect
+  (docs.primeintellect.ai, hosted training: Qwen3.5-35B-A3B input $0.25, output $0.75) price
+  a prompt token at about a third of a generated one, and it batches far better.
+* training: 5,000 tokens/s forward+backward, on hardware the size of the sampler's: both
+  price a trained token at 1-1.3x a generated one (Prime Intellect: train $1.00 against
+  output $0.75; Tinker's small models: train = sample).
 * optim_step 1 s, save_weights_for_sampler 3 s (write a rank-32 adapter and load it into
   the sampler), save_state 10 s (the adapter and its Adam moments to S3): no public
-  figures, orders of magnitude.
+  figures; orders of magnitude.
 
 Settable like the faults (``settings``): flags of ``python -m local.training_session``,
 ``LOCAL_TS_COST_*`` variables, ``POST /_admin/costs``. A session keeps the settings it

@@ -217,7 +217,7 @@ def stop_sessions(service: Any, sessions: list[OwnedSession], say: Callable[[str
     for s in sessions:
         service.stop_session(s.name)
         say(f"stopped orphaned training session {s.name} (job {s.job}, attempt {s.attempt}, "
-            f"created {s.age(now)} ago): its job is not running")
+            f"created {s.age(now)} ago): nothing runs it any more")
 
 
 def claim_session_name(service: Any, owner: Owner, jobs: RunningJobs) -> str:
