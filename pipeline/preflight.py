@@ -2,7 +2,7 @@
 
 Each check refuses with one line naming the setting and the fix. First, offline:
 
-- no ``<PLACEHOLDER>`` is left from the example config (deploy);
+- no ``<PLACEHOLDER>`` is left from the example config;
 - ``session.base_model`` is set, is not the local service's toy model, is a SageMaker Public Hub
   model (ARN or Hub content name) in the configured region, and is one that training sessions
   serve there according to the installed SDK's list (``_TRAINABLE_MODELS_BY_REGION``).
@@ -10,15 +10,15 @@ Each check refuses with one line naming the setting and the fix. First, offline:
 Then with read-only calls:
 
 - the pipeline role (and the training session's role) exists and its trust policy lets
-  ``sagemaker.amazonaws.com`` assume it (``iam:GetRole``; deploy);
-- the step image is in ECR (``ecr:DescribeImages``; deploy; other registries are not checked);
+  ``sagemaker.amazonaws.com`` assume it (``iam:GetRole``);
+- the step image is in ECR (``ecr:DescribeImages``; other registries are not checked);
 - each data prefix holds at least one ``.jsonl`` object (``s3:ListBucket``);
 - the Public Hub of the region serves the base model for training sessions, by the SDK's own
   live scan (``sagemaker:ListHubContents`` + ``sagemaker:DescribeHubContent``).
 
 A check the caller has no permission for (AccessDenied) prints a ``note:`` and the others go on.
-``make start-pipeline`` repeats the checks that concern one execution (base model, data prefixes),
-on the values the execution will use, overridden parameters included.
+``make start-pipeline`` repeats every check on the values the execution will use, overridden
+parameters included (a role deleted or an image untagged since the deploy fails there too).
 
 moto, which the tests run these checks against, does not implement the Public Hub calls: the
 tests answer them through botocore's event hooks and let the SDK's scan run on those answers. So
@@ -38,7 +38,7 @@ from pipeline.config import find_placeholders
 from steps.config import RunConfig
 from steps.config.parameters import BY_NAME
 
-#: The local training-session service's model (SPEC §6): config/local.yaml only, never deployed.
+#: The local training-session service's model (local/training_session): config/local.yaml only, never deployed.
 TOY_MODEL = "local-toy-arith"
 SAGEMAKER = "sagemaker.amazonaws.com"
 DATA_PARAMETERS = ("TrainDataS3Uri", "EvalDataS3Uri")
@@ -55,22 +55,25 @@ T = TypeVar("T")
 
 def before_deploy(session: boto3.Session, run: RunConfig, source: str) -> None:
     """Every check, offline ones first: nothing is sent for a config that cannot deploy."""
+    check_all(session, run, source, overridden=())
+
+
+def before_start(session: boto3.Session, run: RunConfig, source: str, overridden: Collection[str]) -> None:
+    """The same checks on the values one execution runs with (``run``: the config with the overrides in place):
+    a role deleted or an image untagged since the deploy, or an overridden ``ImageUri``, fails here too."""
+    check_all(session, run, source, overridden)
+
+
+def check_all(session: boto3.Session, run: RunConfig, source: str, overridden: Collection[str]) -> None:
+    """Offline checks first, then the read-only calls; a value set by a parameter is named as that parameter."""
     check_placeholders(run, source)
-    model = check_base_model(run.session.base_model, session.region_name, label("BaseModel"))
+    model = check_base_model(run.session.base_model, session.region_name, label("BaseModel", overridden))
     roles = {"pipeline.role_arn": run.pipeline.role_arn}
     if run.session.role_arn and run.session.role_arn != run.pipeline.role_arn:
         roles["session.role_arn"] = run.session.role_arn  # the role the training session assumes
     for key, role_arn in roles.items():
         check_role(session, role_arn, f"'{key}'")
-    check_image(session, run.pipeline.image_uri)
-    for name in DATA_PARAMETERS:
-        check_data(session, getattr(run.pipeline, BY_NAME[name].field), label(name))
-    check_base_model_served(session, model, label("BaseModel"))
-
-
-def before_start(session: boto3.Session, run: RunConfig, overridden: Collection[str]) -> None:
-    """What one execution reads: the base model and the data prefixes, as the execution's parameters set them."""
-    model = check_base_model(run.session.base_model, session.region_name, label("BaseModel", overridden))
+    check_image(session, run.pipeline.image_uri, label("ImageUri", overridden))
     for name in DATA_PARAMETERS:
         check_data(session, getattr(run.pipeline, BY_NAME[name].field), label(name, overridden))
     check_base_model_served(session, model, label("BaseModel", overridden))
@@ -196,13 +199,13 @@ def check_role(session: boto3.Session, role_arn: str, setting: str) -> None:
         )
 
 
-def check_image(session: boto3.Session, image_uri: str) -> None:
+def check_image(session: boto3.Session, image_uri: str, setting: str = "'pipeline.image_uri'") -> None:
     """An ECR image must exist before an execution pulls it; other registries are not checked."""
     m = _ECR_IMAGE.match(image_uri)
     if not m:
         return
     image_id = {"imageDigest": m["digest"]} if m["digest"] else {"imageTag": m["tag"] or "latest"}
-    absent = {code: f"'pipeline.image_uri': {image_uri} is not in ECR ({code}); run 'make push-image'"
+    absent = {code: f"{setting}: {image_uri} is not in ECR ({code}); run 'make push-image'"
               for code in ("RepositoryNotFoundException", "ImageNotFoundException")}
     _read(lambda: session.client("ecr").describe_images(repositoryName=m["repo"], imageIds=[image_id]), absent,
           f"that {image_uri} exists", "ecr:DescribeImages")

@@ -2,8 +2,8 @@
 
 Overrides are checked against the *deployed* pipeline's parameters (name and
 type) and against the config's ranges, and :mod:`pipeline.preflight` checks the
-base model and the data prefixes the execution will read, before anything
-starts: a typo, ``BatchSize=0`` or an empty prefix fails here and not an hour
+role, the image, the base model and the data prefixes the execution will use, before
+anything starts: a typo, ``BatchSize=0`` or an empty prefix fails here and not an hour
 into a run.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def start(session: boto3.Session, name: str, region: str, params: dict[str, str]
     run = check_params(params, deployed_parameters(sm, name, region), config_path)
     if experiment:
         check_experiment(sm, name, experiment)
-    preflight.before_start(session, run, params)
+    preflight.before_start(session, run, config_path, params)
     print(budget.describe(run.dapo), flush=True)  # what the execution may bill, before it can
     # The config's form of a data prefix ends with '/': s3://b/data/train would also read s3://b/data/train-old/.
     data = {n: getattr(run.pipeline, BY_NAME[n].field) for n in preflight.DATA_PARAMETERS if n in params}

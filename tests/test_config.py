@@ -29,6 +29,9 @@ def test_defaults_are_dapo():
         ("dapo", "overlong_filtering", "yes please", "'dapo.overlong_filtering' must be of type"),
         ("dapo", "lr", 0.1, "unknown key 'dapo.lr'"),
         ("session", "lora_rank", 0, "'session.lora_rank' must be >= 1"),
+        # SamplingParams.seed is a 32-bit signed Integer on the API; derived seeds stay in range for these.
+        ("dapo", "seed", -1, "'dapo.seed' must be in [0, 2147483647]"),
+        ("dapo", "seed", 2**31, "'dapo.seed' must be in [0, 2147483647]"),
     ],
 )
 def test_bad_values_name_file_and_key(tmp_path, section, key, value, words):

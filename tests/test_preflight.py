@@ -329,15 +329,32 @@ def test_a_model_the_regions_hub_does_not_serve_is_refused(session):
 
 def test_start_names_the_parameter_that_set_a_value(session, run, tmp_path):
     empty = with_changes(tmp_path, pipeline={"train_s3_uri": f"s3://{BUCKET}/x"})
-    assert refusal(preflight.before_start, session, empty, {"TrainDataS3Uri": f"s3://{BUCKET}/x"}).startswith(
-        f"parameter TrainDataS3Uri: no .jsonl object under s3://{BUCKET}/x/")
-    assert refusal(preflight.before_start, session, empty, {}).startswith("'pipeline.train_s3_uri': no .jsonl")
+    assert refusal(preflight.before_start, session, empty, "config.yaml", {"TrainDataS3Uri": f"s3://{BUCKET}/x"}
+                   ).startswith(f"parameter TrainDataS3Uri: no .jsonl object under s3://{BUCKET}/x/")
+    assert refusal(preflight.before_start, session, empty, "config.yaml", {}).startswith(
+        "'pipeline.train_s3_uri': no .jsonl")
     toy = with_changes(tmp_path, session={"base_model": hub_model_arn("local-toy-arith")})
-    assert refusal(preflight.before_start, session, toy, {"BaseModel": "..."}).startswith(
+    assert refusal(preflight.before_start, session, toy, "config.yaml", {"BaseModel": "..."}).startswith(
         "parameter BaseModel: local-toy-arith is the local training-session service's toy model")
 
 
-def test_start_checks_only_what_an_execution_reads(session, run):
+def test_start_makes_the_same_read_only_calls_as_deploy(session, run):
     calls = record_calls(session)
-    preflight.before_start(session, run, {})
-    assert calls == ["ListObjectsV2", "ListObjectsV2", "ListHubContents", "DescribeHubContent", "DescribeHubContent"]
+    preflight.before_start(session, run, "config.yaml", {})
+    # A role deleted since the deploy fails the start, not the first step.
+    assert calls == ["GetRole", "ListObjectsV2", "ListObjectsV2", "ListHubContents", "DescribeHubContent",
+                     "DescribeHubContent"]
+
+
+def test_start_refuses_an_overridden_image_that_is_not_in_ecr(session, run, tmp_path):
+    image = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/dapo-steps:never-pushed"
+    overridden = with_changes(tmp_path, pipeline={"image_uri": image})
+    assert refusal(preflight.before_start, session, overridden, "config.yaml", {"ImageUri": image}) == (
+        f"parameter ImageUri: {image} is not in ECR (RepositoryNotFoundException); run 'make push-image'")
+
+
+def test_start_refuses_a_placeholder_left_in_the_config(session, tmp_path):
+    left = with_changes(tmp_path, pipeline={"role_arn": "arn:aws:iam::<ACCOUNT_ID>:role/dapo"})
+    calls = record_calls(session)
+    assert "still <PLACEHOLDER> values" in refusal(preflight.before_start, session, left, "config.yaml", {})
+    assert calls == []

@@ -26,6 +26,11 @@ class RunConfig:
     source: str = "<defaults>"
 
 
+def _number(value: float) -> str:
+    """A bound as a user types it: 2147483647 and 1e-08 stay exact (``:g`` would print 2.14748e+09)."""
+    return str(value) if isinstance(value, int) else f"{value:.15g}"
+
+
 def _bounds(field: FieldInfo) -> str:
     """"must be >= 1", "must be in (0, 0.01]" ... from the field's constraints."""
     low = high = None
@@ -35,10 +40,10 @@ def _bounds(field: FieldInfo) -> str:
         elif isinstance(m, (Le, Lt)):
             high = ("]" if isinstance(m, Le) else ")", getattr(m, "le", getattr(m, "lt", None)))
     if low and high:
-        return f"must be in {low[0]}{low[1]:g}, {high[1]:g}{high[0]}"
+        return f"must be in {low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
     if low:
-        return f"must be {'>=' if low[0] == '[' else '>'} {low[1]:g}"
-    return f"must be {'<=' if high and high[0] == ']' else '<'} {high[1]:g}" if high else "is not valid"
+        return f"must be {'>=' if low[0] == '[' else '>'} {_number(low[1])}"
+    return f"must be {'<=' if high and high[0] == ']' else '<'} {_number(high[1])}" if high else "is not valid"
 
 
 def _message(section: str, error: dict[str, Any], model: type[Section], source: str) -> str:
