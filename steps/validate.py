@@ -7,10 +7,11 @@
 With a base model (the pipeline always passes one), every question is rendered
 with the model's own tokenizer and chat template, as TrainDAPO will render it,
 and a question whose prompt tokens plus ``--max-tokens`` exceed the model's
-context is rejected, naming the row and the limit. The context is
-``--max-context-tokens`` (session.max_context_tokens) when set, else what the
-base model's Hub record states; neither known, the check is skipped and
-validation.json says so. ``--tokenizer`` (the pipeline.tokenizer_s3_uri input)
+context is rejected, naming the row and the limit. The context is what the
+base model's Hub record states, or ``--max-context-tokens`` (session.max_context_tokens)
+where the Hub says nothing or the setting is tighter (a larger setting cannot raise
+what the service enforces); neither known, the check is skipped and validation.json
+says so. ``--tokenizer`` (the pipeline.tokenizer_s3_uri input)
 loads the tokenizer from a directory and makes no Hub call.
 
 Writes ``DIR/validation.json`` (accepted or refused) and, only when accepted,
@@ -148,10 +149,16 @@ def prompt_budget(args: argparse.Namespace) -> PromptBudget | None:
         raise Refused("--max-tokens is required with --base-model or --tokenizer: the prompt must leave room for it")
     # With a tokenizer directory the job may have no network at all: no Hub call, the context from the setting.
     hub = describe_base_model(args.base_model, args.region) if args.tokenizer is None else None
-    if args.max_context_tokens is not None:
+    hub_context = hub.context_tokens if hub is not None else None
+    hub_source = f"{args.base_model} (its Hub record's recipe SequenceLength)"
+    if hub_context is not None and (args.max_context_tokens is None or hub_context <= args.max_context_tokens):
+        # The Hub's figure is what the service enforces: a larger setting cannot raise it.
+        if args.max_context_tokens is not None and hub_context < args.max_context_tokens:
+            print(f"note: session.max_context_tokens {args.max_context_tokens} exceeds the model's context "
+                  f"{hub_context} ({hub_source}); checking against {hub_context}", flush=True)
+        context, source = hub_context, hub_source
+    elif args.max_context_tokens is not None:  # the Hub says nothing, or the setting tightens it
         context, source = args.max_context_tokens, "session.max_context_tokens"
-    elif hub is not None and hub.context_tokens is not None:
-        context, source = hub.context_tokens, f"{args.base_model} (its Hub record's recipe SequenceLength)"
     else:
         print("note: the model's context is unknown (set session.max_context_tokens): prompt lengths not checked",
               flush=True)

@@ -1,4 +1,8 @@
 """The one metrics record per step: built from what was sampled and trained, written to lines and metrics.jsonl."""
+import math
+import re
+
+from pipeline.pipeline import METRIC_DEFINITIONS
 from steps.dapo import metrics
 from steps.dapo.batch import train_samples
 from steps.dapo.sampling import Group, Rollout, StepBatch
@@ -34,7 +38,15 @@ def test_a_step_filled_by_carried_groups_reports_the_groups_it_trains_on():
     batch = step_batch(sampled=[], kept=carried)
     record = metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": 0.0}, 0.1, 4)
     assert record["reward_mean"] == 4 / 6 and record["accuracy"] == 4 / 6  # not 0 for "nothing sampled"
-    assert metrics.sampling_figures(4, batch)["filtered_frac"] == 0.0
+    # Nothing was sampled, so nothing was filtered or kept this step: no fraction, rather than a false 0.
+    sampling = metrics.sampling_figures(4, batch)
+    assert math.isnan(sampling["filtered_frac"]) and math.isnan(sampling["filtered_all_wrong_frac"])
+    text = metrics.line("sampling", sampling, metrics.SAMPLING_FIELDS)
+    assert text == "sampling: step=4 gen_batches=0 groups_sampled=0 filtered_frac=nan kept_groups=2 empty_rollouts=0"
+    # CloudWatch's regex takes no datapoint from it; the other figures of the line still match.
+    by_name = {m.name: m.regex for m in METRIC_DEFINITIONS}
+    assert re.search(by_name["sampling:filtered_frac"], text) is None
+    assert re.search(by_name["sampling:kept_groups"], text).group(1) == "2"
 
 
 def test_lengths_cut_offs_and_off_policy_steps_of_a_step():

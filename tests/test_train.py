@@ -254,6 +254,27 @@ def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service)
     assert max(submitted) - min(submitted) < latency
 
 
+def test_evaluation_grades_each_answer_once(toy_data, local_service):
+    """The prediction reuses the sampler's grade: the grader runs once per answer, not twice."""
+    from sagemaker.train.training_session import ServiceClient
+
+    from steps.dapo.sampling import grade_example
+
+    examples = load_examples(toy_data[1])[:12]
+    graded: list[str] = []
+
+    def counting(text: str, example: Example) -> Grade:
+        graded.append(example.question)
+        return grade_example(text, example)
+
+    with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as client:
+        result = evaluate_greedy(client, toy_tokenizer(), examples, 512, grader=counting)
+    assert result.n == 12 and result.failed == 0
+    assert sorted(graded) == sorted(ex.question for ex in examples)
+    assert [p.correct for p in result.predictions] == [grade_example(p.completion, ex).correct
+                                                       for p, ex in zip(result.predictions, examples)]
+
+
 # -- subprocess runs (used by tests/test_faults.py: SIGKILL, SIGTERM, a dying session, resume) -----
 def subprocess_env(service):
     env = {k: v for k, v in os.environ.items()}

@@ -339,6 +339,16 @@ def test_a_question_whose_prompt_and_max_tokens_exceed_the_context_is_rejected_n
 
 
 @pytest.mark.usefixtures("local_service")
+def test_a_setting_larger_than_the_hubs_context_cannot_raise_it(tmp_path, eval_file, capsys):
+    """The toy's Hub record says 1,024 tokens: a max_context_tokens of 4,096 still checks against 1,024."""
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    rc, report = run(train, eval_file, tmp_path / "out", 2, *model_args("--max-tokens", "1000",
+                                                                         "--max-context-tokens", "4096"))
+    assert rc == 2 and report["status"] == "refused"
+    assert "exceeds the model's context 1024" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("local_service")
 def test_max_tokens_no_prompt_fits_is_refused(tmp_path, eval_file, capsys):
     train = write_jsonl(tmp_path / "train.jsonl", GOOD)
     rc, report = run(train, eval_file, tmp_path / "out", 2, *model_args("--max-tokens", "1000"))

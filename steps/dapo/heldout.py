@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from sagemaker.train.training_session import SamplingParams
 
-from steps.dapo.sampling import GroupSampler
+from steps.dapo.sampling import Grader, GroupSampler, grade_example
 from steps.gsm8k.data import Example
 from steps.gsm8k.reward import RewardShaping
 
@@ -41,13 +41,15 @@ class EvalResult:
 
 
 def evaluate_greedy(client: Any, tokenizer: Any, examples: Sequence[Example], max_tokens: int,
-                    retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None) -> EvalResult:
-    """Temperature-0 answers to every example, all requests in flight at once, each graded once."""
+                    retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None,
+                    grader: Grader = grade_example) -> EvalResult:
+    """Temperature-0 answers to every example, all requests in flight at once, each graded once (by the
+    sampler, as it is in training: the prediction reuses that grade)."""
     sampler = GroupSampler(
         tokenizer=tokenizer, examples=examples, group_size=1,
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         shaping=RewardShaping(max_tokens=max_tokens), retries=retries,
-        chat_template_kwargs=chat_template_kwargs or {},
+        chat_template_kwargs=chat_template_kwargs or {}, grader=grader,
     )
     groups = sampler.launch(client, range(len(examples)), seed=None).result()
     predictions = []

@@ -8,6 +8,7 @@ logged and a resumed one continues the file), and to any tracker.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -26,11 +27,14 @@ EVAL_FIELDS = ("step", "accuracy")
 
 def sampling_figures(step: int, batch: StepBatch) -> dict[str, Any]:
     sampled = len(batch.sampled)
+    # A step filled by carried groups sampled nothing: its filtered fractions are not 0 (which reads as "every
+    # group was useful") but undefined. NaN prints as "nan", which the metric regexes skip, so CloudWatch and
+    # the curves get no point for that step rather than a false one.
     return {
         "step": step, "gen_batches": batch.gen_batches, "groups_sampled": sampled,
-        "filtered_frac": batch.filtered / sampled if sampled else 0.0,
+        "filtered_frac": batch.filtered / sampled if sampled else math.nan,
         "kept_groups": len(batch.kept), "empty_rollouts": batch.empty_rollouts,
-        "filtered_all_wrong_frac": batch.filtered_all_wrong / sampled if sampled else 0.0,
+        "filtered_all_wrong_frac": batch.filtered_all_wrong / sampled if sampled else math.nan,
         "carried_groups": len(batch.carry), "failed_groups": batch.failed_groups,
         "speculative_batches": batch.speculative,
     }
