@@ -468,6 +468,9 @@ def pipeline_config_from_dict(values, source):
         ({"max_runtime_seconds": 0}, "'pipeline.max_runtime_seconds' must be in [1,"),
         ({"name": "has_underscore"}, "'pipeline.name' must be letters"),
         ({"tags": ["a"]}, "'pipeline.tags' must be a mapping"),
+        # config/iam/mlflow-policy.json grants tracking servers only: no MLflow app ARN gets past the config.
+        ({"mlflow_tracking_arn": "arn:aws:sagemaker:us-west-2:123456789012:mlflow-app/app-abc"},
+         "'pipeline.mlflow_tracking_arn' must be a SageMaker MLflow tracking server ARN"),
     ],
 )
 def test_bad_pipeline_settings_name_the_key(change, message):

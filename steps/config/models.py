@@ -146,7 +146,7 @@ class PipelineConfig(Section):
                                  json_schema_extra=_rule("must be a mapping of tag key to value"))
     # MLflow tracking (off when unset): the tracking server the steps log to, and the experiment.
     mlflow_tracking_arn: str | None = Field(
-        None, pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:mlflow-(tracking-server|app)/\S+$",
+        None, pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:mlflow-tracking-server/\S+$",
         json_schema_extra=_rule("must be a SageMaker MLflow tracking server ARN "
                                 "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>)"))
     mlflow_experiment: str | None = Field(
