@@ -22,7 +22,7 @@ from pipeline.config import load
 from pipeline.definition import build_definition, main
 from pipeline.shapes import service_model
 from steps.config import load_yaml
-from tests.test_network import network_build
+from tests.test_network import build_with, network_build
 from tests.test_pipeline_definition import EXAMPLE, LOCAL, local_build
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -37,10 +37,19 @@ def example_build() -> dict[str, Any]:
     return build_definition(*load(EXAMPLE))
 
 
+MLFLOW_SERVER = "arn:aws:sagemaker:us-west-2:123456789012:mlflow-tracking-server/dapo"
+
+
+def mlflow_build() -> dict[str, Any]:
+    """Tracking to a SageMaker MLflow server: the definition's MlflowConfig is an object, not null."""
+    return build_with(mlflow_tracking_arn=MLFLOW_SERVER, mlflow_experiment="clip-sweep")
+
+
 def definitions() -> list[Any]:
     return [pytest.param(lambda: local_build()["definition"], id="local.yaml"),
             pytest.param(example_build, id="config.yaml.example"),
-            pytest.param(network_build, id="vpc-and-kms")]
+            pytest.param(network_build, id="vpc-and-kms"),
+            pytest.param(mlflow_build, id="mlflow")]
 
 
 # --- (a) the published schema, patched where it lags the service ---------------------------------------------
@@ -104,9 +113,12 @@ def top_level_experiment_config(schema: dict[str, Any]) -> None:
         "properties": {"ExperimentName": value, "TrialName": value}}]}
 
 
-def top_level_mlflow_config_null(schema: dict[str, Any]) -> None:
-    """Not in the issue's list: sagemaker-mlops 1.27 always sends "MlflowConfig" (null unless configured)."""
-    schema["properties"]["MlflowConfig"] = {"type": "null"}
+def top_level_mlflow_config(schema: dict[str, Any]) -> None:
+    """Not in the issue's list: sagemaker-mlops 1.27 always sends "MlflowConfig" (null unless configured; with a
+    tracking server, CreatePipeline's MlflowConfig members: the server's ARN and the experiment's name)."""
+    schema["properties"]["MlflowConfig"] = {"oneOf": [{"type": "null"}, {
+        "type": "object", "required": ["MlflowResourceArn"], "additionalProperties": False,
+        "properties": {"MlflowResourceArn": {"type": "string"}, "MlflowExperimentName": {"type": ["string", "null"]}}}]}
 
 
 SCHEMA_PATCHES: tuple[Callable[[dict[str, Any]], None], ...] = (
@@ -116,7 +128,7 @@ SCHEMA_PATCHES: tuple[Callable[[dict[str, Any]], None], ...] = (
     training_output_has_compression_type,
     training_step_takes_environment,
     top_level_experiment_config,
-    top_level_mlflow_config_null,
+    top_level_mlflow_config,
 )
 
 
