@@ -44,6 +44,9 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     steps = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in steps) == 15  # the MaxSteps parameter reached the training job
     assert "left running: 0" in out and "model approved" in out
+    # What the run may bill, said before it starts: the execution's MaxSteps in place.
+    cost = out.index("cost: a run may draw up to max_steps 15 x max_num_gen_batches ")
+    assert cost < out.index("[ValidateData] started") and "cost: a step may take up to" in out
     assert json.loads((tmp_path / "pipeline.json").read_text())["Version"] == "2020-12-01"
 
     # The local MLflow store under the runs dir has the run: its params and one point per step.
