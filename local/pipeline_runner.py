@@ -5,12 +5,14 @@ follows the same DAG, arguments and data flow SageMaker would, instead of a
 second hand-wired copy:
 
 - Processing: download each `ProcessingInputs` S3 prefix to its local path, run
-  the `ContainerEntrypoint` + `ContainerArguments`, upload each output.
+  the `ContainerEntrypoint` + `ContainerArguments` (the job's name in
+  PROCESSING_JOB_NAME), upload each output.
 - Training: download the channels, write hyperparameters.json, run the image's
   `train` command under the SageMaker training contract (SM_* variables),
-  sync the checkpoint dir, upload `model.tar.gz`. While it runs, the job is in
-  the register of running jobs (`<workdir>/jobs`, DAPO_LOCAL_JOBS_DIR) that
-  stands in for ListTrainingJobs when TrainDAPO looks for orphaned sessions.
+  sync the checkpoint dir, upload `model.tar.gz`.
+- While a job runs it is in the register of running jobs (`<workdir>/jobs`,
+  DAPO_LOCAL_JOBS_DIR) that stands in for ListTrainingJobs and ListProcessingJobs
+  when a step looks for orphaned sessions.
 - Condition: evaluate the conditions (Parameters, step properties, JsonGet on
   property files) and run the chosen branch.
 - Fail: stop the execution with the resolved error message.
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from steps.platform.ownership import ENV_LOCAL_JOBS, LocalJobs
+from steps.platform.ownership import ENV_LOCAL_JOBS, ENV_PROCESSING_JOB, LocalJobs
 
 # What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh).
 IMAGE_COMMANDS = {"train": [sys.executable, "-m", "steps.train"]}
@@ -228,7 +230,12 @@ class LocalExecution:
             self._container_path(rec, out["S3Output"]["LocalPath"]).mkdir(parents=True, exist_ok=True)
         app = args["AppSpecification"]
         cmd = [sys.executable if a == "python" else a for a in app["ContainerEntrypoint"]]
-        self._exec(rec, cmd + self._map_args(rec, app.get("ContainerArguments", [])), args.get("Environment", {}))
+        # SageMaker tells a processing job its name in /opt/ml/config/processingjobconfig.json; here, the variable.
+        job = f"{rec.name}-{self.execution_id}"
+        jobs = LocalJobs(self.workdir / "jobs")
+        env = {**args.get("Environment", {}), ENV_PROCESSING_JOB: job, ENV_LOCAL_JOBS: str(jobs.directory)}
+        with jobs.running(job):
+            self._exec(rec, cmd + self._map_args(rec, app.get("ContainerArguments", [])), env)
         for out in outputs:
             self._upload(self._container_path(rec, out["S3Output"]["LocalPath"]), out["S3Output"]["S3Uri"])
 

@@ -282,7 +282,7 @@ def _tracking_environment(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def _owner_environment() -> dict[str, Any]:
-    """Whose TrainDAPO job this is: its training session's name and the orphan sweep read them
+    """Whose job this is (TrainDAPO, EvaluateModel): their training sessions' names and the orphan sweep read it
     (steps/platform/ownership.py); the execution's ARN also tells MLflow tracking the execution's experiment."""
     return {ENV_PIPELINE: ExecutionVariables.PIPELINE_NAME,
             tracking.ENV_EXECUTION_ARN: ExecutionVariables.PIPELINE_EXECUTION_ARN}
@@ -328,7 +328,8 @@ def _evaluate_step(
     session: PipelineSession
 ) -> ProcessingStep:
     tokenizer_inputs, tokenizer_args = _tokenizer_input(cfg)
-    args = _processor(cfg, params, "evaluate", session, env=_session_network(cfg).environment()).run(
+    env = {**_owner_environment(), **_session_network(cfg).environment()}
+    args = _processor(cfg, params, "evaluate", session, env=env).run(
         inputs=[
             _s3_input("model", model, f"{PROC}/input/model"),
             _s3_input("eval", Join(on="/", values=[validated, "eval.jsonl"]), f"{PROC}/input/eval"),

@@ -22,7 +22,8 @@ from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.gsm8k.data import load_examples
 from steps.platform import tracking
 from steps.platform.artifacts import read_model_json
-from steps.platform.session import service_client
+from steps.platform.ownership import this_jobs_session_name
+from steps.platform.session import lora_kwargs, service_client
 from steps.platform.tokenizer import load_tokenizer
 
 
@@ -82,6 +83,25 @@ def write_outputs(out: Path, evaluation: dict[str, Any], result: EvalResult) -> 
     tmp.replace(out / "evaluation.json")
 
 
+def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenizer: Any,
+                        examples: Sequence[Any]) -> EvalResult:
+    """Greedy answers in a session of this job's own, stopped however this ends.
+
+    Named after the job like TrainDAPO's (steps/platform/ownership.py): after a SIGKILL, the next job of the
+    pipeline finds it and stops it, where the SDK's implicit sampling session would bill unnoticed. Its
+    sampler serves the trained weights (``model_package_arn``), or the base model's for ``""``.
+    """
+    name = this_jobs_session_name(service, cfg.session.region)
+    training_client = service.create_lora_training_client(
+        **lora_kwargs(cfg.session), **({"training_session_name": name} if name else {}))
+    try:
+        client = training_client.create_sampling_client(model_package_arn=model_package_arn)
+        return evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries,
+                               cfg.session.chat_template_kwargs)
+    finally:
+        training_client.stop()  # first: the session is what is billed
+
+
 def run(args: argparse.Namespace) -> int:
     model = read_model_json(args.model)
     cfg = config_from_dict(model["config"], source=f"{args.model}: model.json config")
@@ -96,10 +116,7 @@ def run(args: argparse.Namespace) -> int:
     tracker = tracking.resume(model.get("mlflow"))  # the training run, if it was tracked; connects meanwhile
     evaluated = "base_model" if args.base else "model_package"
     arn = cfg.session.base_model if args.base else model["model_package_arn"]
-    target = {"base_model": arn} if args.base else {"model_package_arn": arn}
-    with service.create_sampling_client(**target) as client:  # its implicit session is stopped however this ends
-        result = evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries,
-                                 cfg.session.chat_template_kwargs)
+    result = evaluate_in_session(service, cfg, "" if args.base else arn, tokenizer, examples)
     evaluation = {**report(result, arn, evaluated), "training": training_outcome(model)}
     write_outputs(Path(args.output), evaluation, result)
     if tracker:

@@ -221,8 +221,9 @@ def steps_source_calls() -> set[str]:
     are mlflow-policy.json's, recorded (and its MlflowClient's create_experiment is not SageMaker's)."""
     by_snake = {xform_name(op): op for op in SAGEMAKER_OPERATIONS}
     source = "\n".join(p.read_text() for p in (ROOT / "steps").rglob("*.py") if p.name != "tracking.py")
-    # Operation names with an underscore: `.search(` is re.search, not SageMaker's Search.
-    return {f"sagemaker:{by_snake[m]}" for m in re.findall(r"\.([a-z][a-z0-9]*_[a-z0-9_]+)\(", source) if m in by_snake}
+    # Operation names with an underscore: `.search(` is re.search, not SageMaker's Search; and paginated ones.
+    called = re.findall(r"\.([a-z][a-z0-9]*_[a-z0-9_]+)\(", source) + re.findall(r'get_paginator\("(\w+)"\)', source)
+    return {f"sagemaker:{by_snake[m]}" for m in called if m in by_snake}
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +275,7 @@ def test_the_deployer_is_granted_exactly_what_deploy_start_and_the_session_comma
             "sagemaker:AddTags", "sagemaker:StartPipelineExecution", "sagemaker:ListPipelineExecutionSteps",
             } <= deployer_calls  # the recording works
     assert sessions_cli_calls == {"sagemaker:ListTrainingSessions", "sagemaker:ListTrainingJobs",
-                                  "sagemaker:StopTrainingSession"}
+                                  "sagemaker:ListProcessingJobs", "sagemaker:StopTrainingSession"}
     calls = deployer_calls | sessions_cli_calls | set(DEPLOYER_UNRECORDED)
     given = granted(policy("deployer-policy.json"))
     assert {"missing": calls - given, "never used": given - calls} == {"missing": set(), "never used": set()}
@@ -284,7 +285,8 @@ def test_the_pipeline_role_is_granted_exactly_what_its_jobs_and_session_call(rol
     assert {"sagemaker:CreateTrainingSession", "sagemaker:ExecuteTrainingOperation",
             "sagemaker:ExecuteSamplingOperation", "sagemaker:StopTrainingSession",
             "sagemaker:UpdateModelPackage", "sagemaker:ListTrainingSessions"} <= sdk_calls  # the recording works
-    assert "sagemaker:ListTrainingJobs" in steps_source_calls()  # the orphan sweep on AWS (locally: a register)
+    # The orphan sweep on AWS (locally: a register): TrainDAPO is a training job, EvaluateModel a processing job.
+    assert {"sagemaker:ListTrainingJobs", "sagemaker:ListProcessingJobs"} <= steps_source_calls()
     given = granted(policy("pipeline-role-policy.json"))
     assert {"missing": role_calls - given, "never used": given - role_calls} == {"missing": set(),
                                                                                 "never used": set()}

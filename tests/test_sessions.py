@@ -19,11 +19,13 @@ from moto import mock_aws
 from moto.sagemaker.models import sagemaker_backends
 
 from pipeline import sessions as sessions_cmd
-from steps import train
+from steps import evaluate, train
+from steps.platform import ownership
 from steps.platform.ownership import (
     ENV_JOB,
     ENV_LOCAL_JOBS,
     ENV_PIPELINE,
+    ENV_PROCESSING_JOB,
     NAME_MAX,
     LocalJobs,
     Owner,
@@ -93,6 +95,20 @@ def test_the_owner_comes_from_the_job_environment():
     assert Owner.from_env({}) is None  # a step run by hand
 
 
+def test_a_processing_jobs_owner_is_named_by_sagemakers_job_config(tmp_path, monkeypatch):
+    """EvaluateModel is a processing job: SageMaker gives it no TRAINING_JOB_NAME, but writes its name into
+    /opt/ml/config/processingjobconfig.json; a runner may set PROCESSING_JOB_NAME instead."""
+    job = "pipelines-abc123def456-EvaluateModel-0123456789"
+    assert Owner.from_env({ENV_PIPELINE: "dapo-gsm8k", ENV_PROCESSING_JOB: job}) == Owner("dapo-gsm8k", job)
+    config = tmp_path / "processingjobconfig.json"
+    config.write_text('{"ProcessingJobName": "%s", "RoleArn": "arn:aws:iam::123456789012:role/r"}' % job)
+    monkeypatch.setattr(ownership, "PROCESSING_JOB_CONFIG", config)
+    assert Owner.from_env({ENV_PIPELINE: "dapo-gsm8k"}) == Owner("dapo-gsm8k", job)
+    config.write_text("{half a file")
+    with pytest.raises(Exception, match="processingjobconfig.json: cannot read the processing job's name"):
+        Owner.from_env({ENV_PIPELINE: "dapo-gsm8k"})
+
+
 # -- which jobs run ----------------------------------------------------------------------------
 def test_the_local_register_holds_the_jobs_whose_runner_is_alive(tmp_path):
     jobs = LocalJobs(tmp_path / "jobs")
@@ -105,7 +121,7 @@ def test_the_local_register_holds_the_jobs_whose_runner_is_alive(tmp_path):
 
 
 @mock_aws
-def test_sagemaker_jobs_are_the_in_progress_training_jobs():
+def test_sagemaker_jobs_are_the_in_progress_training_and_processing_jobs():
     sm = boto3.client("sagemaker", region_name=REGION)
     for name in ("running-job", "completed-job"):
         sm.create_training_job(
@@ -115,8 +131,16 @@ def test_sagemaker_jobs_are_the_in_progress_training_jobs():
             ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
             StoppingCondition={"MaxRuntimeInSeconds": 60})
     # moto completes every job at once; this one is still running.
-    sagemaker_backends[ACCOUNT][REGION].training_jobs["running-job"].training_job_status = "InProgress"
-    assert SageMakerJobs(sm).names() == {"running-job"}
+    for name in ("running-evaluation", "completed-evaluation"):
+        sm.create_processing_job(
+            ProcessingJobName=name, RoleArn=f"arn:aws:iam::{ACCOUNT}:role/r", AppSpecification={"ImageUri": "img"},
+            ProcessingResources={"ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.large",
+                                                   "VolumeSizeInGB": 1}})
+    # moto completes every job at once; these are still running.
+    backend = sagemaker_backends[ACCOUNT][REGION]
+    backend.training_jobs["running-job"].training_job_status = "InProgress"
+    backend.processing_jobs["running-evaluation"].processing_job_status = "InProgress"
+    assert SageMakerJobs(sm).names() == {"running-job", "running-evaluation"}
 
 
 # -- the sweep ---------------------------------------------------------------------------------
@@ -168,6 +192,29 @@ def test_the_step_names_its_session_after_its_owner(tmp_path, service_client, mo
     assert statuses(service_client, pipeline) == {name: "Stopped"}
     assert f"training session {name}: pipeline {pipeline}, execution {execution}, training job {PIPELINE_JOB}" \
         in caplog.messages
+
+
+def test_evaluate_names_its_session_after_its_job_and_stops_the_pipelines_orphans(tmp_path, service_client,
+                                                                                  monkeypatch, caplog):
+    """A SIGKILLed EvaluateModel's session is found like TrainDAPO's: by its name, the next job stops it."""
+    from local.toy_data import write_split
+
+    data = write_split(tmp_path / "data", 40, 10, seed=3)
+    assert train.main(argv(tmp_path, data, "batch_size=4", "max_steps=1", "eval_size=2")) == 0
+    pipeline = a_pipeline()
+    killed = Owner(pipeline, "pipelines-abc123def456-EvaluateModel-killed0000")
+    orphan = create(service_client, killed.session_name(1))
+    me = Owner(pipeline, "pipelines-abc123def456-EvaluateModel-0123456789")
+    for key, value in {ENV_PIPELINE: pipeline, ENV_PROCESSING_JOB: me.job, ENV_LOCAL_JOBS: str(tmp_path / "jobs")
+                       }.items():
+        monkeypatch.setenv(key, value)
+    with LocalJobs(tmp_path / "jobs").running(me.job), caplog.at_level(logging.WARNING, "steps.ownership"):
+        assert evaluate.main(["--model", str(tmp_path / "model"), "--eval", str(data[1]), "--output",
+                              str(tmp_path / "evaluation"), "--eval-size", "4"]) == 0
+    assert statuses(service_client, pipeline) == {killed.session_name(1): "Stopped", me.session_name(1): "Stopped"}
+    assert any(f"stopped orphaned training session {killed.session_name(1)}" in m for m in caplog.messages)
+    assert (tmp_path / "evaluation" / "evaluation.json").is_file()
+    orphan.stop()
 
 
 def test_orphans_are_running_sessions_of_jobs_not_running():

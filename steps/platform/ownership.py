@@ -3,17 +3,20 @@
 A training session has no idle timeout or maximum runtime (botocore's CreateTrainingSession
 takes neither), so a session whose job died without stopping it (SIGKILL: out of memory, a
 host failure, the hard kill after SIGTERM's grace) bills until someone stops it. So every
-TrainDAPO session is named after what owns it, and every TrainDAPO start stops the sessions
-of its pipeline whose owning job is not running before it creates its own.
+session of the pipeline's jobs (TrainDAPO's, and EvaluateModel's sampling session) is named
+after the job that owns it, and every such job stops the sessions of its pipeline whose owning
+job is not running before it creates its own.
 
 **Names**: ``<pipeline key>-<job>-<attempt>``, at most 63 characters (the API's pattern):
 
 * pipeline key: ``dapo-`` and 8 hex digits of the pipeline's name, lowercased (its ARN spells
   it so): every session of one pipeline starts with it, no other pipeline's does, and being of
   fixed length it cannot be mistaken for the start of another key;
-* job: the training job's name (``TRAINING_JOB_NAME``, set by SageMaker), whole when it fits
-  (a pipeline's ``pipelines-<execution id>-TrainDAPO-<10 characters>`` is 43 characters),
-  else its first characters and 8 hex digits of the whole;
+* job: the training job's name (``TRAINING_JOB_NAME``, set by SageMaker) or the processing
+  job's (``ProcessingJobName`` of ``/opt/ml/config/processingjobconfig.json``, which SageMaker
+  writes into every processing container; ``PROCESSING_JOB_NAME`` where a runner sets it), whole
+  when it fits (a pipeline's ``pipelines-<execution id>-TrainDAPO-<10 characters>`` is 43
+  characters), else its first characters and 8 hex digits of the whole;
 * attempt: one more than the highest attempt of this job's sessions so far, so a job whose
   process starts again (SageMaker retrying the job, a restart) names its next session anew.
 
@@ -23,13 +26,14 @@ name is what ListTrainingSessions gives back to any later process. The pipeline 
 job its name and its execution's ARN (``DAPO_PIPELINE_NAME``, ``DAPO_PIPELINE_EXECUTION_ARN``);
 the step logs them with the session's name.
 
-**Which jobs run**: :class:`SageMakerJobs` lists the InProgress training jobs. Locally there are
+**Which jobs run**: :class:`SageMakerJobs` lists the InProgress training and processing jobs. Locally there are
 no real jobs: :class:`LocalJobs` is the register the local runner (and the tests) keep of the
 jobs they run, a file per job naming the process that runs it (``DAPO_LOCAL_JOBS_DIR``).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from contextlib import contextmanager
@@ -44,6 +48,9 @@ from steps.platform.tracking import ENV_EXECUTION_ARN
 log = logging.getLogger("steps.ownership")
 
 ENV_JOB = "TRAINING_JOB_NAME"
+ENV_PROCESSING_JOB = "PROCESSING_JOB_NAME"
+#: What SageMaker writes into a processing container; its ProcessingJobName is the job's name.
+PROCESSING_JOB_CONFIG = Path("/opt/ml/config/processingjobconfig.json")
 ENV_PIPELINE = "DAPO_PIPELINE_NAME"
 ENV_LOCAL_JOBS = "DAPO_LOCAL_JOBS_DIR"
 PREFIX = "dapo"
@@ -78,8 +85,8 @@ class Owner:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Owner | None:
-        """None outside a pipeline's training job (a step run by hand owns no sessions but its own)."""
-        pipeline, job = env.get(ENV_PIPELINE, "").strip(), env.get(ENV_JOB, "").strip()
+        """None outside a pipeline's job (a step run by hand owns no sessions but its own)."""
+        pipeline, job = env.get(ENV_PIPELINE, "").strip(), job_name(env)
         if not pipeline or not job:
             return None
         return cls(pipeline, job, env.get(ENV_EXECUTION_ARN) or None)
@@ -100,6 +107,17 @@ class OwnedSession:
 
     def age(self, now: datetime) -> str:
         return "?" if self.created is None else duration((now - self.created).total_seconds())
+
+
+def job_name(env: Mapping[str, str] = os.environ) -> str:
+    """The name of the SageMaker job this process runs in: a training job's, else a processing job's; "" outside."""
+    name = env.get(ENV_JOB, "").strip() or env.get(ENV_PROCESSING_JOB, "").strip()
+    if name or not PROCESSING_JOB_CONFIG.is_file():
+        return name
+    try:
+        return str(json.loads(PROCESSING_JOB_CONFIG.read_text(encoding="utf-8")).get("ProcessingJobName", "")).strip()
+    except (OSError, ValueError) as exc:
+        raise Refused(f"{PROCESSING_JOB_CONFIG}: cannot read the processing job's name ({exc})") from None
 
 
 def duration(seconds: float) -> str:
@@ -134,25 +152,22 @@ def pipeline_sessions(service: Any, pipeline: str) -> list[OwnedSession]:
 # -- which jobs are running --------------------------------------------------------------------
 class RunningJobs(Protocol):
     def names(self) -> set[str]:
-        """The training jobs running now."""
+        """The training and processing jobs running now."""
         ...
 
 
 @dataclass(frozen=True)
 class SageMakerJobs:
-    """On AWS: the account's InProgress training jobs in the region (ListTrainingJobs)."""
+    """On AWS: the account's InProgress training and processing jobs in the region (ListTrainingJobs,
+    ListProcessingJobs): TrainDAPO is a training job, EvaluateModel a processing job."""
 
     client: Any  # boto3 "sagemaker" client
 
     def names(self) -> set[str]:
-        names: set[str] = set()
-        token: dict[str, str] = {}
-        while True:
-            page = self.client.list_training_jobs(StatusEquals="InProgress", MaxResults=100, **token)
-            names |= {job["TrainingJobName"] for job in page["TrainingJobSummaries"]}
-            if not page.get("NextToken"):
-                return names
-            token = {"NextToken": page["NextToken"]}
+        training = self.client.get_paginator("list_training_jobs").paginate(StatusEquals="InProgress")
+        processing = self.client.get_paginator("list_processing_jobs").paginate(StatusEquals="InProgress")
+        return ({job["TrainingJobName"] for page in training for job in page["TrainingJobSummaries"]}
+                | {job["ProcessingJobName"] for page in processing for job in page["ProcessingJobSummaries"]})
 
 
 @dataclass(frozen=True)
@@ -238,11 +253,11 @@ def claim_session_name(service: Any, owner: Owner, jobs: RunningJobs) -> str:
 
 
 def this_jobs_session_name(service: Any, region: str | None) -> str | None:
-    """In a pipeline's training job: stop the pipeline's orphaned sessions and name this job's next session.
+    """In a pipeline's job: stop the pipeline's orphaned sessions and name this job's next session.
     Outside one (a step run by hand): None, and the SDK names the session."""
     owner = Owner.from_env()
     if owner is None:
-        log.info("%s or %s unset (not a pipeline's training job): no orphaned sessions stopped", ENV_PIPELINE, ENV_JOB)
+        log.info("%s or the job's name unset (not a pipeline's job): no orphaned sessions stopped", ENV_PIPELINE)
         return None
     name = claim_session_name(service, owner, running_jobs(region))
     log.info("training session %s: pipeline %s, execution %s, training job %s", name, owner.pipeline,
