@@ -182,13 +182,17 @@ WRITABLE = ("opt/ml/model", "opt/ml/output/data", "opt/ml/checkpoints")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creates root-owned directories and switches users")
 
 # What the entrypoint runs as `python`: import the step while still root, become `uid`, run it. The imports
-# come first because this machine's interpreter lives under /root (0700); the image's /opt/venv is readable
-# by every user, so in the image only the uid would differ.
+# come first because this machine's interpreter lives under /root (0700), and a clone may sit in a 0700 folder
+# (mktemp -d); the image's /opt/venv is readable by every user, so in the image only the uid would differ.
+# The SDK version check reads package metadata from the venv each time: it runs here, as root, and its
+# answer is kept for the step's own call.
 VALIDATE_AS = """
 import os, sys
 import steps.validate
-from steps.platform.versions import require_training_session_sdk
-require_training_session_sdk()  # run_step calls it first: import what it imports while still root
+from steps.platform import versions
+problems = versions.find_sdk_problems()
+versions.require_training_session_sdk(problems)
+versions.find_sdk_problems = lambda: problems
 uid = int(sys.argv[1])
 os.setgroups([]); os.setgid(uid); os.setuid(uid)
 sys.exit(steps.validate.main(sys.argv[2:]))
