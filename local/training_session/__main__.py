@@ -29,29 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     p.add_argument("--state-dir", help="persist model packages here, so a restarted service still serves them")
-    faults = p.add_argument_group("fault injection (default: none; env: " + ", ".join(ENV_VARS.values()) + ")")
-    faults.add_argument("--latency-ms", type=int, help="service time added to every runtime operation")
-    faults.add_argument("--throttle-rate", type=float, help="fraction of runtime submits answered 429")
-    faults.add_argument("--throttle-limit", type=int, help="most throttles of one request (default 2)")
-    faults.add_argument("--fail-rate", type=float, help="fraction of operations that end Failed")
-    faults.add_argument("--sampling-fail-rate", type=float, help="fraction of sampling operations that end Failed")
-    faults.add_argument("--fail-session-after", type=int, help="a session fails after this many operations")
-    faults.add_argument("--fault-seed", dest="seed", type=int, help="seed for the fault rates")
-    costs = p.add_argument_group("cost model (default: off; env: " + ", ".join(cost_model.ENV_VARS.values()) + ")")
-    costs.add_argument("--cost-model", dest="enabled", action="store_const", const=True,
-                       help="operations take the simulated time of the real service's GPUs")
-    costs.add_argument("--time-scale", type=float, help="simulated seconds per wall-clock second (default 1)")
-    costs.add_argument("--decode-tokens-per-s", type=float, help="the sampler's decode throughput, shared")
-    costs.add_argument("--token-latency-ms", type=float, help="per-token latency of a sequence under capacity")
-    costs.add_argument("--prefill-tokens-per-s", type=float, help="prompt tokens prefilled per second")
-    costs.add_argument("--train-tokens-per-s", type=float, help="forward_backward tokens per second")
-    costs.add_argument("--optim-step-s", type=float, help="seconds of an optim_step")
-    costs.add_argument("--save-weights-s", type=float, help="seconds of a save_weights_for_sampler")
-    costs.add_argument("--save-state-s", type=float, help="seconds of a save_state (or load_state)")
-    costs.add_argument("--shared-gpus", action="store_const", const=True,
-                       help="sampling and training share the GPUs: training pauses decoding")
-    costs.add_argument("--virtual-time", action="store_const", const=True,
-                       help="simulated time passes only while every request waits on the simulated GPUs")
+    Faults.add_flags(p.add_argument_group("fault injection (default: none; env: " + ", ".join(ENV_VARS.values()) + ")"))
+    Costs.add_flags(p.add_argument_group("cost model (default: off; env: " + ", ".join(cost_model.ENV_VARS.values())
+                                         + ")"))
     return p
 
 

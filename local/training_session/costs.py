@@ -72,19 +72,27 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from local.training_session.settings import Settings, require
 
-ENV_VARS = {
-    "enabled": "LOCAL_TS_COST_MODEL",
-    "time_scale": "LOCAL_TS_COST_TIME_SCALE",
-    "decode_tokens_per_s": "LOCAL_TS_COST_DECODE_TOKENS_PER_S",
-    "token_latency_ms": "LOCAL_TS_COST_TOKEN_LATENCY_MS",
-    "prefill_tokens_per_s": "LOCAL_TS_COST_PREFILL_TOKENS_PER_S",
-    "train_tokens_per_s": "LOCAL_TS_COST_TRAIN_TOKENS_PER_S",
-    "optim_step_s": "LOCAL_TS_COST_OPTIM_STEP_S",
-    "save_weights_s": "LOCAL_TS_COST_SAVE_WEIGHTS_S",
-    "save_state_s": "LOCAL_TS_COST_SAVE_STATE_S",
-    "shared_gpus": "LOCAL_TS_COST_SHARED_GPUS",
-    "virtual_time": "LOCAL_TS_COST_VIRTUAL_TIME",
+#: Each field's environment variable, flag of ``python -m local.training_session`` and help: the ways to set it.
+SETTINGS = {
+    "enabled": ("LOCAL_TS_COST_MODEL", "--cost-model", "operations take the simulated time of the real service's GPUs"),
+    "time_scale": ("LOCAL_TS_COST_TIME_SCALE", "--time-scale", "simulated seconds per wall-clock second (default 1)"),
+    "decode_tokens_per_s": ("LOCAL_TS_COST_DECODE_TOKENS_PER_S", "--decode-tokens-per-s",
+                           "the sampler's decode throughput, shared"),
+    "token_latency_ms": ("LOCAL_TS_COST_TOKEN_LATENCY_MS", "--token-latency-ms",
+                        "per-token latency of a sequence under capacity"),
+    "prefill_tokens_per_s": ("LOCAL_TS_COST_PREFILL_TOKENS_PER_S", "--prefill-tokens-per-s",
+                            "prompt tokens prefilled per second"),
+    "train_tokens_per_s": ("LOCAL_TS_COST_TRAIN_TOKENS_PER_S", "--train-tokens-per-s",
+                          "forward_backward tokens per second"),
+    "optim_step_s": ("LOCAL_TS_COST_OPTIM_STEP_S", "--optim-step-s", "seconds of an optim_step"),
+    "save_weights_s": ("LOCAL_TS_COST_SAVE_WEIGHTS_S", "--save-weights-s", "seconds of a save_weights_for_sampler"),
+    "save_state_s": ("LOCAL_TS_COST_SAVE_STATE_S", "--save-state-s", "seconds of a save_state (or load_state)"),
+    "shared_gpus": ("LOCAL_TS_COST_SHARED_GPUS", "--shared-gpus",
+                   "sampling and training share the GPUs: training pauses decoding"),
+    "virtual_time": ("LOCAL_TS_COST_VIRTUAL_TIME", "--virtual-time",
+                    "simulated time passes only while every request waits on the simulated GPUs"),
 }
+ENV_VARS = {name: var for name, (var, _, _) in SETTINGS.items()}
 #: A forward pass without the backward costs about a third of forward_backward.
 FORWARD_SHARE = 1 / 3
 MIN_SLEEP_S = 0.0005
@@ -107,6 +115,7 @@ class Costs(Settings):
     virtual_time: bool = False
     KIND: ClassVar[str] = "cost"
     ENV_VARS: ClassVar[Mapping[str, str]] = ENV_VARS
+    SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]] = SETTINGS
 
     def __post_init__(self) -> None:
         for name in ("enabled", "shared_gpus", "virtual_time"):

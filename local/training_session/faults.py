@@ -29,16 +29,19 @@ from local.training_session import responses
 from local.training_session.models import Runner, ServiceError, Session, TrainingSessionBackend
 from local.training_session.settings import Settings, require
 
-#: Environment variable for each field; read by :meth:`Faults.from_env`.
-ENV_VARS = {
-    "latency_ms": "LOCAL_TS_LATENCY_MS",
-    "throttle_rate": "LOCAL_TS_THROTTLE_RATE",
-    "throttle_limit": "LOCAL_TS_THROTTLE_LIMIT",
-    "fail_rate": "LOCAL_TS_FAIL_RATE",
-    "sampling_fail_rate": "LOCAL_TS_SAMPLING_FAIL_RATE",
-    "fail_session_after": "LOCAL_TS_FAIL_SESSION_AFTER",
-    "seed": "LOCAL_TS_FAULT_SEED",
+#: Each field's environment variable, flag of ``python -m local.training_session`` and help: the ways to set it.
+SETTINGS = {
+    "latency_ms": ("LOCAL_TS_LATENCY_MS", "--latency-ms", "service time added to every runtime operation"),
+    "throttle_rate": ("LOCAL_TS_THROTTLE_RATE", "--throttle-rate", "fraction of runtime submits answered 429"),
+    "throttle_limit": ("LOCAL_TS_THROTTLE_LIMIT", "--throttle-limit", "most throttles of one request (default 2)"),
+    "fail_rate": ("LOCAL_TS_FAIL_RATE", "--fail-rate", "fraction of operations that end Failed"),
+    "sampling_fail_rate": ("LOCAL_TS_SAMPLING_FAIL_RATE", "--sampling-fail-rate",
+                          "fraction of sampling operations that end Failed"),
+    "fail_session_after": ("LOCAL_TS_FAIL_SESSION_AFTER", "--fail-session-after",
+                          "a session fails after this many operations"),
+    "seed": ("LOCAL_TS_FAULT_SEED", "--fault-seed", "seed for the fault rates"),
 }
+ENV_VARS = {name: var for name, (var, _, _) in SETTINGS.items()}
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Faults(Settings):
     seed: int = 0
     KIND: ClassVar[str] = "fault"
     ENV_VARS: ClassVar[Mapping[str, str]] = ENV_VARS
+    SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]] = SETTINGS
 
     def __post_init__(self) -> None:
         require("fault", isinstance(self.latency_ms, int) and self.latency_ms >= 0,

@@ -5,7 +5,7 @@ frozen dataclasses of settings, each settable as flags of ``python -m
 local.training_session``, as ``LOCAL_TS_*`` environment variables, and through
 ``POST /_admin/<faults|costs>``. :class:`Settings` is what they share: building
 from a JSON-like mapping or the environment, with errors that name the setting,
-and back to a dict.
+the command-line flags from each class's ``SETTINGS`` table, and back to a dict.
 """
 from __future__ import annotations
 
@@ -24,6 +24,19 @@ class Settings:
 
     KIND: ClassVar[str]
     ENV_VARS: ClassVar[Mapping[str, str]]  # field -> environment variable
+    SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]]  # field -> (environment variable, flag, help)
+
+    @classmethod
+    def add_flags(cls, group: Any) -> None:
+        """One flag per ``SETTINGS`` entry on an argparse group; a bool is a switch. Unset flags stay None, so the
+        environment's value (or the default) holds."""
+        hints = typing.get_type_hints(cls)
+        for name, (_, flag, help_text) in cls.SETTINGS.items():
+            kind = _base(hints[name])
+            if kind is bool:
+                group.add_argument(flag, dest=name, action="store_const", const=True, help=help_text)
+            else:
+                group.add_argument(flag, dest=name, type=kind, help=help_text)
 
     @classmethod
     def from_mapping(cls: type[S], values: Mapping[str, Any]) -> S:
@@ -59,8 +72,13 @@ def require(kind: str, ok: bool, name: str, value: Any, expected: str) -> None:
         raise ValueError(f"{kind} setting {name}={value!r} is invalid: expected {expected}")
 
 
+def _base(hint: Any) -> Any:
+    """X of ``X | None``; the hint itself otherwise."""
+    return next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+
+
 def _parse(hint: Any, name: str, var: str, raw: str) -> Any:
-    kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)  # X | None -> X
+    kind = _base(hint)
     if isinstance(hint, types.UnionType) and raw.lower() in ("none", "null"):
         return None
     if kind is bool:
