@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from steps.dapo import curves
+
 # file name in the step work dirs -> (step, name in runs/<id>/)
 ARTIFACTS = {
     "validation.json": "ValidateData",
@@ -80,47 +82,10 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(metrics: Path, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = _records(metrics)
-    steps = [r for r in records if r.get("kind") == "step"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    fig, (ax, lengths) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    x = [r["step"] for r in steps]
-    ax.plot(x, [r["reward_mean"] for r in steps], label="reward mean (sampled)")
-    ax.plot(x, [r["accuracy"] for r in steps], label="accuracy, strict: the reward's (sampled, T=1)")
-    ax.plot(x, [r["accuracy_lenient"] for r in steps], label="accuracy, lenient (sampled, T=1)", linestyle="-.")
-    ax.plot(x, [r["filtered_frac"] for r in steps], label="filtered fraction", linestyle="--")
-    ax.plot(x, [r["filtered_all_wrong_frac"] for r in steps], label="filtered, all wrong", linestyle=":")
+    """The run's curves, with the base model's greedy accuracy at step 0 when it was evaluated."""
     base = metrics.parent / "evaluation_base.json"
-    points = ([(0, _accuracy(base))] if base.exists() else []) + [(r["step"], r["accuracy"]) for r in evals]
-    if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-",
-                label="greedy eval accuracy, strict (step 0: base)")
-    lenient = ([(0, _accuracy(base, "accuracy_lenient"))] if base.exists() else []) + [
-        (r["step"], r["accuracy_lenient"]) for r in evals]
-    if lenient:
-        ax.plot([p[0] for p in lenient], [p[1] for p in lenient], "s:", label="greedy eval accuracy, lenient")
-    ax.set_ylim(-0.05, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    ax.set_title("DAPO on the local toy task")
-    # The rollouts' lengths: the toy's filler before its answer, and the share cut off at max_tokens.
-    lengths.plot(x, [r["completion_tokens_mean"] for r in steps], color="tab:purple", label="completion tokens, mean")
-    lengths.set_ylabel("tokens")
-    lengths.set_xlabel("step")
-    lengths.grid(alpha=0.3)
-    cut = lengths.twinx()
-    cut.plot(x, [r["truncated_frac"] for r in steps], color="tab:red", linestyle="--",
-             label="truncated at max_tokens (right)")
-    cut.set_ylim(0, max([0.05] + [r["truncated_frac"] * 1.2 for r in steps]))
-    lengths.legend(handles=lengths.get_lines() + cut.get_lines(), loc="upper right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    figures = (_accuracy(base), _accuracy(base, "accuracy_lenient")) if base.exists() else None
+    curves.plot_curves(_records(metrics), out, title="DAPO on the local toy task", base=figures)
 
 
 def _accuracy(path: Path, name: str = "accuracy") -> float | None:

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from steps.cli import Refused, parse_pairs, run_step
 from steps.config import RunConfig, load_config, to_dict
+from steps.dapo import curves
 from steps.dapo import metrics as metrics_io
 from steps.dapo import state as checkpoint
 from steps.dapo.loop import Outcome, Trainer
@@ -103,9 +104,23 @@ def model_record(cfg: RunConfig, outcome: Outcome, run: tracking.RunRef | None =
     }
 
 
-def finish_tracking(tracker: tracking.MlflowTracker | None, outcome: Outcome) -> tracking.RunRef | None:
+def log_curves(tracker: tracking.MlflowTracker, metrics_path: Path) -> None:
+    """curves.png beside metrics.jsonl, an artifact of the MLflow run; one that cannot be drawn is a warning,
+    never a failed step (the figures are in metrics.jsonl and the run's metric series)."""
+    out = metrics_path.parent / "curves.png"
+    try:
+        curves.plot_curves(metrics_io.read(metrics_path), out)
+    except Exception as exc:  # noqa: BLE001 - a picture never fails training
+        log.warning("curves.png not drawn (%s: %s)", type(exc).__name__, exc)
+        return
+    tracker.log_artifact(out)
+
+
+def finish_tracking(tracker: tracking.MlflowTracker | None, outcome: Outcome, metrics_path: Path
+                    ) -> tracking.RunRef | None:
     if tracker is None:
         return None
+    log_curves(tracker, metrics_path)
     state = outcome.state
     tags = {"steps_completed": state.step, "stopped_early": str(state.stopped_early).lower()}
     tracker.set_tags({**tags, "stop_reason": state.stop_reason} if state.stop_reason else tags)
@@ -158,7 +173,7 @@ def train(args: argparse.Namespace) -> int:
         log.info("training session %s stopped", training_client.training_session_name)
         if tracker is not None and outcome is None:  # training ended with an error
             tracker.finish("FAILED")
-    write_model_json(args.model_dir, model_record(cfg, outcome, finish_tracking(tracker, outcome)))
+    write_model_json(args.model_dir, model_record(cfg, outcome, finish_tracking(tracker, outcome, metrics_path)))
     state = outcome.state
     print(f"done: steps={state.step} stopped_early={str(state.stopped_early).lower()} "
           f"model_package_arn={state.sampler_model_package_arn}", flush=True)

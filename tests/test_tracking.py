@@ -143,8 +143,26 @@ def test_the_run_has_the_config_every_step_and_the_evaluation(tmp_path, data, st
     evaluation = json.loads((tmp_path / "a" / "eval" / "evaluation.json").read_text())
     assert history(store, run.info.run_id, "final_eval/accuracy") == [
         (3, pytest.approx(evaluation["metrics"]["accuracy"]["value"]))]
-    assert {a.path for a in store.list_artifacts(run.info.run_id)} == {"evaluation.json", "predictions.jsonl"}
+    # TrainDAPO's curves, EvaluateModel's reports.
+    assert {a.path for a in store.list_artifacts(run.info.run_id)} == {"curves.png", "evaluation.json",
+                                                                       "predictions.jsonl"}
+    assert (tmp_path / "a" / "out" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.data.tags["steps_completed"] == "3" and run.data.tags["stopped_early"] == "false"
+
+
+def test_curves_that_cannot_be_drawn_are_one_warning_not_a_failed_step(tmp_path, data, store, monkeypatch, caplog):
+    from steps.dapo import curves
+
+    def no_matplotlib(*_args, **_kwargs):
+        raise ModuleNotFoundError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(curves, "plot_curves", no_matplotlib)
+    with caplog.at_level(logging.WARNING, "steps.train"):
+        assert run_train(tmp_path, data, "max_steps=1") == 0
+    assert [m for m in caplog.messages if "curves.png" in m] == [
+        "curves.png not drawn (ModuleNotFoundError: No module named 'matplotlib')"]
+    [run] = runs(store)
+    assert run.info.status == "FINISHED" and store.list_artifacts(run.info.run_id) == []
 
 
 def test_two_runs_with_different_parameters_are_two_runs_of_one_experiment(tmp_path, data, store):
@@ -180,7 +198,8 @@ def test_on_sagemaker_the_steps_log_to_the_tracking_server_arn_through_the_plugi
     assert model["mlflow"]["tracking_uri"] == SERVER_ARN
     assert [m.step for m in client.get_metric_history(run.info.run_id, "step/reward_mean")] == [1, 2]
     assert "final_eval/accuracy" in run.data.metrics
-    assert sorted(a["Key"].rsplit("/", 1)[-1] for a in artifacts) == ["evaluation.json", "predictions.jsonl"]
+    assert sorted(a["Key"].rsplit("/", 1)[-1] for a in artifacts) == ["curves.png", "evaluation.json",
+                                                                       "predictions.jsonl"]
     # Every request was SigV4-signed for the sagemaker-mlflow service in the server's Region.
     assert requests and all("/us-west-2/sagemaker-mlflow/aws4_request" in r["authorization"] for r in requests)
     assert {r["api"] for r in requests} >= {"GetExperimentByName", "CreateRun", "LogBatch", "UpdateRun"}
