@@ -132,6 +132,8 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
                      f"see it with: mlflow ui --backend-store-uri {store}")
     running = [s for s in sessions if s.get("status") not in ("Stopped", "Failed")]
     lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
+    if sessions:  # the pipeline's jobs name theirs after themselves; the base model's evaluation runs outside it
+        lines.append("    " + ", ".join(f"{s['name']} {s['status']}" for s in sessions))
     lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(p.name for p in run_dir.iterdir() if p.is_file()))})")
     text = "\n".join(lines)
     (run_dir / "summary.txt").write_text(text + "\n")

@@ -44,6 +44,11 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     steps = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in steps) == 15  # the MaxSteps parameter reached the training job
     assert "left running: 0" in out and "model approved" in out
+    # TrainDAPO's and EvaluateModel's sessions are named after their jobs (the orphan sweep finds them); the
+    # base model's evaluation, which the local run makes outside the pipeline, is the SDK's.
+    names = re.findall(r"(\S+) Stopped", out.split("training sessions created: 3, left running: 0\n", 1)[1])
+    assert [n.split("-")[2] for n in names if n.startswith("dapo-")] == ["TrainDAPO", "EvaluateModel"]
+    assert len(names) == 3 and names[2].startswith("sagemaker-training-session-")
     # What the run may bill, said before it starts: the execution's MaxSteps in place.
     cost = out.index("cost: a run may draw up to max_steps 15 x max_num_gen_batches ")
     assert cost < out.index("[ValidateData] started") and "cost: a step may take up to" in out
