@@ -92,8 +92,7 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
     sampler serves the trained weights (``model_package_arn``), or the base model's for ``""``.
     """
     name = this_jobs_session_name(service, cfg.session.region)
-    training_client = service.create_lora_training_client(
-        **lora_kwargs(cfg.session), **({"training_session_name": name} if name else {}))
+    training_client = service.create_lora_training_client(**lora_kwargs(cfg.session, name))
     try:
         client = training_client.create_sampling_client(model_package_arn=model_package_arn)
         return evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries,

@@ -80,7 +80,7 @@ def load_inputs(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[Example]
 
 def open_session(service: Any, cfg: RunConfig, start: LoopState, name: str | None) -> Any:
     """``name``: the session's name (None: the SDK names it)."""
-    kwargs = {**lora_kwargs(cfg.session), **({"training_session_name": name} if name else {})}
+    kwargs = lora_kwargs(cfg.session, name)
     if start.state_model_package_arn:
         log.info("resuming from %s (step %d)", start.state_model_package_arn, start.step)
         return service.create_training_client_from_state_with_optimizer(start.state_model_package_arn, **kwargs)

@@ -114,7 +114,6 @@ class Costs(Settings):
     shared_gpus: bool = False
     virtual_time: bool = False
     KIND: ClassVar[str] = "cost"
-    ENV_VARS: ClassVar[Mapping[str, str]] = ENV_VARS
     SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]] = SETTINGS
 
     def __post_init__(self) -> None:

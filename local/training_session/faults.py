@@ -72,7 +72,6 @@ class Faults(Settings):
     fail_session_after: int | None = None
     seed: int = 0
     KIND: ClassVar[str] = "fault"
-    ENV_VARS: ClassVar[Mapping[str, str]] = ENV_VARS
     SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]] = SETTINGS
 
     def __post_init__(self) -> None:

@@ -20,10 +20,9 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class Settings:
-    """Mixin of a frozen dataclass of settings. Subclasses name their ``KIND`` (for messages) and ``ENV_VARS``."""
+    """Mixin of a frozen dataclass of settings. Subclasses name their ``KIND`` (for messages) and ``SETTINGS``."""
 
     KIND: ClassVar[str]
-    ENV_VARS: ClassVar[Mapping[str, str]]  # field -> environment variable
     SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]]  # field -> (environment variable, flag, help)
 
     @classmethod
@@ -49,10 +48,10 @@ class Settings:
 
     @classmethod
     def from_env(cls: type[S], environ: Mapping[str, str] = os.environ) -> S:
-        """Read ``ENV_VARS``; unset variables keep the defaults."""
+        """Read each setting's environment variable; unset variables keep the defaults."""
         hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
-        for name, var in cls.ENV_VARS.items():
+        for name, (var, _, _) in cls.SETTINGS.items():
             raw = environ.get(var, "").strip()
             if raw:
                 values[name] = _parse(hints[name], name, var, raw)

@@ -79,5 +79,8 @@ def service_client(cfg: SessionConfig) -> Any:
     )
 
 
-def lora_kwargs(cfg: SessionConfig) -> dict[str, Any]:
-    return {"base_model": cfg.base_model, "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+def lora_kwargs(cfg: SessionConfig, name: str | None = None) -> dict[str, Any]:
+    """``create_lora_training_client`` arguments; ``name``: the session's (steps/platform/ownership.py), or None
+    for the SDK to name it."""
+    kwargs = {"base_model": cfg.base_model, "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+    return {**kwargs, "training_session_name": name} if name else kwargs
