@@ -20,7 +20,7 @@ from steps.cli import Refused, run_step
 from steps.config import config_from_dict
 from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.gsm8k.data import load_examples
-from steps.platform import tracking
+from steps.platform import files, tracking
 from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client
@@ -73,14 +73,11 @@ def log_to_mlflow(tracker: tracking.MlflowTracker, model: dict[str, Any], evalua
 
 
 def write_outputs(out: Path, evaluation: dict[str, Any], result: EvalResult) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "predictions.jsonl", "w", encoding="utf-8") as f:
+    with files.atomic_open(out / "predictions.jsonl") as f:
         for p in result.predictions:
             f.write(json.dumps(asdict(p)) + "\n")
-    # evaluation.json last and atomically: its presence means the evaluation finished.
-    tmp = out / ".evaluation.json.tmp"
-    tmp.write_text(json.dumps(evaluation, indent=2), encoding="utf-8")
-    tmp.replace(out / "evaluation.json")
+    # evaluation.json last: its presence means the evaluation finished.
+    files.write_json(out / "evaluation.json", evaluation, indent=2)
 
 
 def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenizer: Any,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 from steps.cli import Refused, run_step
 from steps.gsm8k.data import DataError, jsonl_files
 from steps.gsm8k.rules import PromptBudget, SplitScan, refusal_problems, scan_split
+from steps.platform import files
 from steps.platform.tokenizer import describe_base_model, load_tokenizer
 
 OUTPUTS = ("validation.json", "train.jsonl", "eval.jsonl")
@@ -76,12 +76,6 @@ def summary(report: dict) -> str:
     return "validation accepted: " + "; ".join(parts)
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _check_paths(train: str, eval_: str) -> None:
     """Name every unusable input path at once, not one per run."""
     problems = []
@@ -104,30 +98,24 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
     # A result left by an earlier run must not pass for this run's.
     for name in OUTPUTS:
         (out_dir / name).unlink(missing_ok=True)
-    tmp = {name: out_dir / f".{name}.jsonl.tmp" for name in ("eval", "train")}
     scans: dict[str, SplitScan] = {}
     try:
-        try:
-            _check_paths(train, eval_)
-            with open(tmp["eval"], "w", encoding="utf-8") as out:
-                scans["eval"] = scan_split("eval", eval_, out, budget=budget)
-            with open(tmp["train"], "w", encoding="utf-8") as out:
-                scans["train"] = scan_split("train", train, out, eval_digests=scans["eval"].digests, budget=budget)
+        _check_paths(train, eval_)
+        # The cleaned files appear only if the data can train: a refusal leaves the block by raising.
+        with files.atomic_open(out_dir / "eval.jsonl") as eval_out, \
+                files.atomic_open(out_dir / "train.jsonl") as train_out:
+            scans["eval"] = scan_split("eval", eval_, eval_out, budget=budget)
+            scans["train"] = scan_split("train", train, train_out, eval_digests=scans["eval"].digests, budget=budget)
             problems = refusal_problems(scans["train"], scans["eval"], batch_size, on_overlap)
-        except DataError as exc:
-            problems = [str(exc)]
-        if problems:
-            message = "validation refused the data:\n- " + "\n- ".join(problems)
-            report = build_report("refused", message, batch_size, on_overlap, scans, budget)
-        else:
-            report = build_report("accepted", "", batch_size, on_overlap, scans, budget)
-            report["message"] = summary(report)
-            for name, path in tmp.items():
-                os.replace(path, out_dir / f"{name}.jsonl")
-    finally:  # refused or crashed: no half-written cleaned file may remain
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
-    _write_json(out_dir / "validation.json", report)
+            if problems:
+                raise DataError("\n- ".join(problems))
+    except DataError as exc:
+        message = f"validation refused the data:\n- {exc}"
+        report = build_report("refused", message, batch_size, on_overlap, scans, budget)
+    else:
+        report = build_report("accepted", "", batch_size, on_overlap, scans, budget)
+        report["message"] = summary(report)
+    files.write_json(out_dir / "validation.json", report, indent=2)
     return report
 
 

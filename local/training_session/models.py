@@ -44,6 +44,7 @@ import numpy as np
 
 from local.training_session.costs import Costs, Gpus, Job, VirtualClock, WallClock, request_tokens
 from local.training_session.toy.policy import Policy
+from steps.platform import files
 
 if TYPE_CHECKING:  # faults wraps this module's runners, so it imports this module
     from local.training_session.faults import FaultInjector
@@ -282,10 +283,7 @@ class PackageRegistry:
 
     @staticmethod
     def _write_json(path: Path, payload: dict[str, Any]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload))
-        tmp.replace(path)  # atomic: a crash never leaves half a file
+        files.write_json(path, payload)  # atomic: a crash never leaves half a file
 
     def _load(self) -> None:
         for path in sorted((self._dir / "groups").glob("*.json")):

@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from steps.dapo.batch import TrainSample
 from steps.dapo.sampling import Group, StepBatch
+from steps.platform import files
 
 # Fields of each log line, in order. The pipeline's metric regexes match them: only ever append.
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
@@ -134,6 +135,4 @@ def truncate_after(path: str | Path, step: int) -> None:
     if not p.exists():
         return
     keep = [r for r in read(p) if r.get("step", 0) <= step]
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    tmp.replace(p)
+    files.write_text(p, "".join(json.dumps(r) + "\n" for r in keep))

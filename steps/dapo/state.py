@@ -4,8 +4,8 @@ SageMaker syncs the checkpoint dir (/opt/ml/checkpoints) to S3 and restores it
 when a job is retried. The state names the saved training state (a model
 package holding weights and Adam moments) and how many steps it contains, where
 the data order stands, the sampling-seed counter, the kept groups carried into
-the next step and the keep-rate evidence. It is written atomically (temp file,
-fsync, rename), so a kill mid-write leaves the previous checkpoint intact.
+the next step and the keep-rate evidence. It is written atomically
+(``steps/platform/files.py``), so a kill mid-write leaves the previous checkpoint intact.
 
 The data order: each epoch is a fresh permutation drawn from ``(seed, epoch)``,
 so the whole order is a pure function of the seed and a resume needs only the
@@ -14,7 +14,6 @@ position ``(epoch, offset)``: no RNG state to pickle, no prompt seen twice in an
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 from steps.cli import Refused
 from steps.dapo.sampling import Group, Rollout
 from steps.gsm8k.reward import Grade
+from steps.platform import files
 
 FILENAME = "checkpoint.json"
 VERSION = 3
@@ -101,15 +101,7 @@ def from_json(raw: dict[str, Any]) -> LoopState:
 
 
 def write(directory: str | Path, state: LoopState) -> Path:
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    final, tmp = folder / FILENAME, folder / f".{FILENAME}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(to_json(state), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    return final
+    return files.write_json(Path(directory) / FILENAME, to_json(state))
 
 
 def read(directory: str | Path) -> LoopState | None:

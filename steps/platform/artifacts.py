@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from steps.cli import Refused
+from steps.platform import files
 
 FILENAME = "model.json"
 
@@ -17,12 +18,8 @@ class ModelArtifactError(Refused):
 
 
 def write_model_json(model_dir: str | Path, record: dict[str, Any]) -> Path:
-    """Write atomically: a half-written model.json never passes for a result."""
-    directory = Path(model_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{FILENAME}.tmp"
-    tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
-    return tmp.replace(directory / FILENAME)
+    """Written atomically: a half-written model.json never passes for a result."""
+    return files.write_json(Path(model_dir) / FILENAME, record, indent=2)
 
 
 def _from_tar(path: Path) -> dict[str, Any]:
