@@ -3,8 +3,8 @@
 * ``sequential``: the loop of the original DAPO change (verl's recipe): one generation
   batch at a time, the surplus of the last one discarded, each checkpoint's
   ``save_state`` awaited before the next step. Built here from the project's own
-  ``Trainer`` with three of its choices undone (:class:`SequentialTrainer`), so the
-  three loops differ only in the loop.
+  ``Trainer`` with a scheduling policy that undoes three of its choices (:func:`policy`),
+  so the three loops differ only in the loop.
 * ``default``: this project's loop: every request of a generation batch in flight at
   once, surplus carried, speculative generation batches, checkpoints off the critical path.
 * ``pipelined``: ``default`` with ``max_steps_off_policy: 1``: the next step samples
@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,11 +43,13 @@ from bench.service import Service
 from local.training_session.costs import Costs, Gpus, WallClock
 from steps.config import load_config
 from steps.dapo import metrics as metrics_io
-from steps.dapo.loop import Filled, PendingCheckpoint, SamplerAt, Trainer, Update
-from steps.dapo.sampling import Group
+from steps.dapo.loop import Trainer
+from steps.dapo.sampling import Group, StepBatch
+from steps.dapo.schedule import Policy
 from steps.dapo.state import LoopState
+from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
-from steps.gsm8k.reward import Grade
+from steps.gsm8k.task import Gsm8k
 from steps.platform.session import lora_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,52 +78,40 @@ def is_mixed(question: str, keep: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < keep
 
 
-def scripted_grader(keep: float, group_size: int) -> Callable[[str, Example], Grade]:
-    """Mixed prompts: the first completion of each group is right, the rest wrong. Others: all wrong."""
-    calls: dict[str, int] = {}
+class ScriptedGsm8k(Gsm8k):
+    """GSM8K's prompts with a scripted grader: for mixed prompts the first completion of each group is
+    right and the rest wrong; for the others all are wrong."""
 
-    def grade(text: str, example: Example) -> Grade:
-        k = calls.get(example.question, 0)
-        calls[example.question] = k + 1
-        return Grade(correct=is_mixed(example.question, keep) and k % group_size == 0, formatted=True, extracted=None)
+    def __init__(self, keep: float, group_size: int) -> None:
+        self.keep, self.group_size = keep, group_size
+        self.calls: dict[str, int] = {}
 
-    return grade
-
-
-class MeasuredTrainer(Trainer):
-    """The project's Trainer, recording what each step sampled and trained, for the cost model to price."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.sampled: list[tuple[Group, ...]] = []  # per step, in step order (fills run in step order)
-        self.trained_tokens: list[int] = []  # forward_backward datum tokens per step
-
-    def _fill(self, state: LoopState, sampler: SamplerAt) -> Filled:
-        filled = super()._fill(state, sampler)
-        self.sampled.append(filled.batch.sampled)
-        return filled
-
-    def _submit_update(self, samples: Sequence[Any], update: int, checkpoint_step: bool) -> Update:
-        self.trained_tokens.append(sum(len(s.prompt) + len(s.completion) - 1 for s in samples))
-        return super()._submit_update(samples, update, checkpoint_step)
+    def grade(self, text: str, example: Example) -> Grade:
+        k = self.calls.get(example.question, 0)
+        self.calls[example.question] = k + 1
+        return Grade(correct=is_mixed(example.question, self.keep) and k % self.group_size == 0, formatted=True,
+                     extracted=None)
 
 
-class SequentialTrainer(MeasuredTrainer):
-    """The original change's loop: the surplus of a step's last generation batch is discarded, not
-    carried, and a checkpoint's save_state is awaited before the next step (``max_inflight_gen_batches``
-    1 and ``max_steps_off_policy`` 0 come from its config)."""
+@dataclass
+class Recorder:
+    """What each step sampled and trained (``Trainer.on_batch``), for the cost model to price."""
 
-    def _carry(self, groups: Sequence[Group], update: int) -> tuple[tuple[Group, ...], int]:
-        return (), 0
+    sampled: list[tuple[Group, ...]] = field(default_factory=list)  # per step, in step order
+    trained_tokens: list[int] = field(default_factory=list)  # forward_backward datum tokens per step
 
-    def _checkpoint_later(self, update: Update, state: LoopState) -> None:  # type: ignore[override]
-        assert update.save_state is not None
-        self._write(PendingCheckpoint(update.save_state, state))
-        return None
+    def __call__(self, step: int, batch: StepBatch) -> None:
+        self.sampled.append(batch.sampled)
+        # A datum is prompt + completion without its last token (steps/dapo/batch.py).
+        self.trained_tokens.append(sum(len(g.prompt) + len(r.tokens) - 1 for g in batch.kept for r in g.rollouts))
 
 
-TRAINERS: dict[str, type[MeasuredTrainer]] = {"sequential": SequentialTrainer, "default": MeasuredTrainer,
-                                              "pipelined": MeasuredTrainer}
+def policy(loop: str, cfg: Any) -> Policy:
+    """The scheduling policy of a loop: the product's, or the sequential baseline's (the original change's
+    loop: the surplus of a step's last generation batch discarded, not carried, and a checkpoint's
+    save_state awaited before the next step; one batch in flight and no sampling ahead come from its config)."""
+    product = Policy.from_config(cfg)
+    return replace(product, carry_surplus=False, save_behind=False) if loop == "sequential" else product
 
 
 def run_config(spec: LoopSpec, learning_rate: float) -> dict[str, Any]:
@@ -150,10 +140,12 @@ def run(spec: LoopSpec, service: Service, client: Any, tokenizer: Any, examples:
         if line.startswith("train: step="):
             usage[int(line.split()[1].split("=")[1])] = service.costs()["sessions"][session]
 
-    trainer = TRAINERS[spec.loop](
-        training_client=training_client, cfg=cfg.dapo, tokenizer=tokenizer, train_examples=examples,
-        eval_examples=[], metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
-        checkpoint_dir=workdir / "ckpt", grader=scripted_grader(spec.keep, spec.group_size))
+    recorder = Recorder()
+    trainer = Trainer(
+        training_client=training_client, cfg=cfg.dapo, task=ScriptedGsm8k(spec.keep, spec.group_size),
+        tokenizer=tokenizer, train_examples=examples, eval_examples=[],
+        metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
+        checkpoint_dir=workdir / "ckpt", policy=policy(spec.loop, cfg.dapo), on_batch=recorder)
     try:
         outcome = trainer.run(LoopState(seed=SEED))
     finally:
@@ -161,7 +153,7 @@ def run(spec: LoopSpec, service: Service, client: Any, tokenizer: Any, examples:
     if outcome.state.step != spec.steps:
         raise RuntimeError(f"{spec}: only {outcome.state.step} steps ({outcome.state.stop_reason})")
     records = [r for r in metrics_io.read(workdir / "metrics.jsonl") if r["kind"] == "step"]
-    steps = step_rows(trainer, records, usage, cfg.dapo.max_steps_off_policy)
+    steps = step_rows(recorder, records, usage, cfg.dapo.max_steps_off_policy)
     return {"spec": asdict(spec), "steps": steps, "summary": summarise(steps[1:], usage[1], usage[spec.steps])}
 
 
@@ -185,13 +177,13 @@ def training_s(datum_tokens: int, costs: Costs = COSTS) -> float:
                for kind in ("forwardBackward", "optimizerStep", "saveWeights"))
 
 
-def step_rows(trainer: MeasuredTrainer, records: list[dict], usage: dict[int, dict[str, float]],
+def step_rows(recorder: Recorder, records: list[dict], usage: dict[int, dict[str, float]],
               pipelined: int) -> list[dict[str, Any]]:
     rows = []
     for r in records:
         s = r["step"]
-        sampled = trainer.sampled[s - 1]
-        S, T = ideal_sampling_s(sampled), training_s(trainer.trained_tokens[s - 1])
+        sampled = recorder.sampled[s - 1]
+        S, T = ideal_sampling_s(sampled), training_s(recorder.trained_tokens[s - 1])
         step_s = usage[s]["simulated_s"] - usage[s - 1]["simulated_s"] if s > 1 else None
         critical = max(S, T) if pipelined else S + T
         rows.append({

@@ -21,6 +21,7 @@ from steps.dapo import metrics as metrics_io
 from steps.dapo.loop import Trainer
 from steps.dapo.state import LoopState
 from steps.gsm8k.data import Example
+from steps.gsm8k.task import GSM8K
 from steps.platform.session import lora_kwargs
 
 SEEDS = (0, 1, 2)
@@ -36,9 +37,9 @@ def run(seed: int, off_policy: int, client: Any, tokenizer: Any, train: Sequence
                                      "eval_size": EVAL_SIZE, "save_every": STEPS,
                                      "max_steps_off_policy": off_policy})
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
-    trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=tokenizer, train_examples=train,
-                      eval_examples=evaluation, metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl",
-                                                                                print_fn=lambda line: None),
+    trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
+                      train_examples=train, eval_examples=evaluation,
+                      metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: None),
                       checkpoint_dir=workdir / "ckpt")
     try:
         trainer.run(LoopState(seed=seed))

@@ -20,6 +20,7 @@ from steps.cli import Refused, run_step
 from steps.config import config_from_dict
 from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.gsm8k.data import load_examples
+from steps.gsm8k.task import GSM8K
 from steps.platform import files, tracking
 from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name
@@ -92,7 +93,7 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
     training_client = service.create_lora_training_client(**lora_kwargs(cfg.session, name))
     try:
         client = training_client.create_sampling_client(model_package_arn=model_package_arn)
-        return evaluate_greedy(client, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries,
+        return evaluate_greedy(client, GSM8K, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries,
                                cfg.session.chat_template_kwargs)
     finally:
         training_client.stop()  # first: the session is what is billed

@@ -28,6 +28,7 @@ from steps.dapo import state as checkpoint
 from steps.dapo.loop import Outcome, Trainer
 from steps.dapo.state import LoopState
 from steps.gsm8k.data import Example, load_examples
+from steps.gsm8k.task import GSM8K
 from steps.platform import tracking
 from steps.platform.artifacts import write_model_json
 from steps.platform.ownership import this_jobs_session_name
@@ -161,7 +162,7 @@ def train(args: argparse.Namespace) -> int:
     tracker = tracking.start(tracking.config_params(to_dict(cfg)), Path(args.checkpoint_dir) / tracking.RUN_FILE)
     outcome: Outcome | None = None
     try:
-        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=tokenizer,
+        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
                           train_examples=train_examples, eval_examples=eval_examples,
                           chat_template_kwargs=cfg.session.chat_template_kwargs,
                           metrics=metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True),

@@ -3,7 +3,7 @@ import pytest
 
 from steps.dapo.batch import TrainSample, build_datum, build_datums, group_advantages, token_scales, train_samples
 from steps.dapo.sampling import Group, Rollout
-from steps.gsm8k.reward import Grade
+from steps.dapo.task import Grade
 
 
 def test_group_advantages_centre_on_the_group_mean():

@@ -4,11 +4,13 @@ from __future__ import annotations
 import pytest
 
 from local.training_session.toy.tokenizer import ToyTokenizer
-from steps.gsm8k.answer import answer_region, extract_answer, gold_answer
+from steps.dapo.chat import answer_region, completion_text, opens_reasoning
+from steps.dapo.reward import RewardShaping, overlong_penalty, reward
+from steps.gsm8k.answer import extract_answer, gold_answer, grade
 from steps.gsm8k.data import Example
-from steps.gsm8k.prompt import INSTRUCTION, build_messages, completion_text, opens_reasoning, render_prompt
-from steps.gsm8k.reward import RewardShaping, grade, overlong_penalty, reward
+from steps.gsm8k.prompt import INSTRUCTION, build_messages, render_prompt
 from steps.gsm8k.rules import normalize_question
+from steps.gsm8k.task import GSM8K
 
 # (completion, gold, extracted (lenient), formatted, strict correct, lenient correct)
 COMPLETIONS = [
@@ -310,8 +312,8 @@ def test_the_sampler_grades_the_text_completion_text_gives(reasoning_tokenizer):
 
     from steps.dapo.sampling import GroupSampler
 
-    sampler = GroupSampler(reasoning_tokenizer, [Example("Q?", "7")], 2, SimpleNamespace(), RewardShaping(512))
+    sampler = GroupSampler(GSM8K, reasoning_tokenizer, [Example("Q?", "7")], 2, SimpleNamespace(), RewardShaping(512))
     assert sampler.text(0, ids(reasoning_tokenizer, "3 + 4 = 7")) == "<think>3 + 4 = 7"
-    direct = GroupSampler(reasoning_tokenizer, [Example("Q?", "7")], 2, SimpleNamespace(), RewardShaping(512),
+    direct = GroupSampler(GSM8K, reasoning_tokenizer, [Example("Q?", "7")], 2, SimpleNamespace(), RewardShaping(512),
                           chat_template_kwargs={"enable_thinking": False})
     assert direct.text(0, ids(reasoning_tokenizer, "#### 7")) == "#### 7"

@@ -6,7 +6,7 @@ from pipeline.pipeline import METRIC_DEFINITIONS
 from steps.dapo import metrics
 from steps.dapo.batch import train_samples
 from steps.dapo.sampling import Group, Rollout, StepBatch
-from steps.gsm8k.reward import Grade
+from steps.dapo.task import Grade
 
 
 def group(i, rewards, sampler_step=2):

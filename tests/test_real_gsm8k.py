@@ -16,9 +16,9 @@ from typing import Any, Callable
 import pytest
 
 from steps import validate
-from steps.gsm8k.answer import canonical, gold_answer
+from steps.dapo.reward import RewardShaping, reward
+from steps.gsm8k.answer import canonical, gold_answer, grade
 from steps.gsm8k.data import PROMPT_TOO_LONG, RowError, iter_lines
-from steps.gsm8k.reward import RewardShaping, grade, reward
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 TRAIN, TEST, SOLUTIONS = DATA / "train.jsonl", DATA / "test.jsonl", DATA / "example_model_solutions.jsonl"

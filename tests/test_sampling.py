@@ -3,11 +3,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from steps.dapo.sampling import Group, GroupSampler, Rollout, batches_to_launch, collect_step, derived_seed
+from steps.dapo.reward import RewardShaping
+from steps.dapo.sampling import Group, GroupSampler, Rollout, collect_step, derived_seed
+from steps.dapo.schedule import Policy
+from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
-from steps.gsm8k.reward import Grade, RewardShaping
+from steps.gsm8k.task import GSM8K, Gsm8k
 
 NO_EVIDENCE = (0, 0)
+
+
+def inflight(n):
+    """The product's policy for how many generation batches to start, with at most ``n`` in flight."""
+    return Policy(max_inflight_gen_batches=n).batches_to_launch
 
 
 def group(i, rewards):
@@ -43,42 +51,45 @@ MIXED, RIGHT, WRONG = [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]
 def test_keeps_sampling_until_the_batch_is_full_and_carries_the_surplus():
     # batch_size 4; each generation batch has 4 groups of which 3 are mixed.
     script = ScriptedBatches([[group(k, MIXED) for k in range(3)] + [group(3, WRONG)] for _ in range(5)])
-    b = collect_step(script.launch, carry=[], batch_size=4, max_gen_batches=5, max_inflight=1, evidence=NO_EVIDENCE)
+    b = collect_step(script.launch, carry=[], batch_size=4, max_num_gen_batches=5, batches_to_launch=inflight(1),
+                     evidence=NO_EVIDENCE)
     assert len(b.kept) == 4 and not b.hit_cap
     assert b.gen_batches == 2 and len(b.sampled) == 8
     assert b.filtered == 2 and b.filtered_all_wrong == 2
     assert len(b.carry) == 2  # 6 kept, 4 used, 2 carried
 
     # The carried groups count first in the next step: one more batch fills it.
-    nxt = collect_step(script.launch, carry=b.carry, batch_size=4, max_gen_batches=5, max_inflight=1,
-                       evidence=NO_EVIDENCE)
+    nxt = collect_step(script.launch, carry=b.carry, batch_size=4, max_num_gen_batches=5,
+                       batches_to_launch=inflight(1), evidence=NO_EVIDENCE)
     assert nxt.kept[:2] == b.carry and nxt.gen_batches == 1 and len(nxt.carry) == 1
 
 
 def test_enough_carry_needs_no_sampling():
     carry = [group(k, MIXED) for k in range(5)]
-    b = collect_step(ScriptedBatches([]).launch, carry, batch_size=4, max_gen_batches=3, max_inflight=2,
-                     evidence=NO_EVIDENCE)
+    b = collect_step(ScriptedBatches([]).launch, carry, batch_size=4, max_num_gen_batches=3,
+                     batches_to_launch=inflight(2), evidence=NO_EVIDENCE)
     assert b.gen_batches == 0 and b.kept == tuple(carry[:4]) and b.carry == tuple(carry[4:])
 
 
 def test_cap_stops_with_what_was_kept():
     script = ScriptedBatches([[group(0, MIXED), group(1, RIGHT), group(2, WRONG), group(3, RIGHT)]] * 3)
-    b = collect_step(script.launch, carry=[], batch_size=4, max_gen_batches=3, max_inflight=1, evidence=NO_EVIDENCE)
+    b = collect_step(script.launch, carry=[], batch_size=4, max_num_gen_batches=3, batches_to_launch=inflight(1),
+                     evidence=NO_EVIDENCE)
     assert b.hit_cap and b.gen_batches == 3 and len(b.kept) == 3
     assert b.filtered == 9 and b.filtered_all_wrong == 3
 
 
 def test_failed_requests_and_empty_generation_batches_are_counted():
     script = ScriptedBatches([[None, None], [group(0, MIXED), None], [group(1, MIXED), group(2, MIXED)]])
-    b = collect_step(script.launch, carry=[], batch_size=2, max_gen_batches=5, max_inflight=1, evidence=NO_EVIDENCE)
+    b = collect_step(script.launch, carry=[], batch_size=2, max_num_gen_batches=5, batches_to_launch=inflight(1),
+                     evidence=NO_EVIDENCE)
     assert b.empty_rollouts == 1 and b.failed_groups == 3 and b.gen_batches == 3
     assert len(b.kept) == 2 and len(b.carry) == 1
 
 
 def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
     script = ScriptedBatches([[group(0, MIXED), group(1, WRONG), group(2, WRONG), group(3, WRONG)]] * 8)
-    b = collect_step(script.launch, carry=[], batch_size=4, max_gen_batches=8, max_inflight=3,
+    b = collect_step(script.launch, carry=[], batch_size=4, max_num_gen_batches=8, batches_to_launch=inflight(3),
                      evidence=(1, 4))  # 25% kept so far
     assert script.max_in_flight == 3
     assert b.speculative >= 2
@@ -98,7 +109,7 @@ def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
     ],
 )
 def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, expected):
-    assert batches_to_launch(need, in_flight, 4, rate, budget, max_inflight) == expected
+    assert inflight(max_inflight)(need, in_flight, 4, rate, budget) == expected
 
 
 def test_derived_seeds_fit_the_apis_32_bit_integer():
@@ -130,10 +141,14 @@ class Tok:
         return "#### 7"
 
 
-def sampler(grader=None, retries=2):
-    kwargs = {"grader": grader} if grader else {}
-    return GroupSampler(Tok(), [Example("q", "7")], 2, SimpleNamespace(model_copy=lambda update: None),
-                        RewardShaping(512), retries=retries, **kwargs)
+class BrokenGrader(Gsm8k):
+    def grade(self, text, example):
+        raise KeyError("grader bug")
+
+
+def sampler(task=GSM8K, retries=2):
+    return GroupSampler(task, Tok(), [Example("q", "7")], 2, SimpleNamespace(model_copy=lambda update: None),
+                        RewardShaping(512), sample_retries=retries)
 
 
 def test_a_failed_request_is_resubmitted_and_graded_once():
@@ -143,11 +158,8 @@ def test_a_failed_request_is_resubmitted_and_graded_once():
 
 
 def test_a_grading_error_is_a_bug_not_a_failed_sample():
-    def broken(text, example):
-        raise KeyError("grader bug")
-
     client = FailingThenAnswering("#### 7")
     client.calls = 1  # answers at once
     with pytest.raises(KeyError, match="grader bug"):
-        sampler(grader=broken).launch(client, [0], seed=None).result()
+        sampler(BrokenGrader()).launch(client, [0], seed=None).result()
     assert client.calls == 2  # one request: the grading error was not retried as a failed sample

@@ -5,9 +5,8 @@ import numpy as np
 
 from local.toy_data import generate_rows
 from local.training_session.toy.tokenizer import ToyTokenizer
-from steps.gsm8k.answer import gold_answer
+from steps.gsm8k.answer import gold_answer, grade
 from steps.gsm8k.prompt import render_prompt
-from steps.gsm8k.reward import grade
 from tests.local_service import BASE_MODEL_ARN
 
 

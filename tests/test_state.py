@@ -5,7 +5,7 @@ import pytest
 from steps.dapo import state as ckpt_io
 from steps.dapo.sampling import Group, Rollout
 from steps.dapo.state import DataPosition, LoopState, resume_or_start, take
-from steps.gsm8k.reward import Grade
+from steps.dapo.task import Grade
 
 
 def test_take_is_a_permutation_per_epoch_and_resumable():

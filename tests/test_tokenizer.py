@@ -20,8 +20,9 @@ from local.training_session.toy.tokenizer import (
     hf_tokenizer_json,
 )
 from steps.cli import Refused
+from steps.dapo.chat import completion_text
 from steps.gsm8k.answer import extract_answer, gold_answer
-from steps.gsm8k.prompt import completion_text, render_prompt
+from steps.gsm8k.prompt import render_prompt
 from steps.platform.tokenizer import describe_base_model, load_tokenizer
 from tests.local_service import BASE_MODEL_ARN, ENDPOINT_ENV_VARS, REGION
 

@@ -18,10 +18,12 @@ from steps.dapo import state as ckpt_io
 from steps.dapo.batch import build_datums
 from steps.dapo.heldout import evaluate_greedy
 from steps.dapo.loop import Trainer
+from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import GroupSampler
 from steps.dapo.state import DataPosition, LoopState, take
+from steps.dapo.task import Grade
 from steps.gsm8k.data import Example, load_examples
-from steps.gsm8k.reward import Grade, RewardShaping
+from steps.gsm8k.task import GSM8K, Gsm8k
 from steps.platform.session import lora_kwargs
 from steps.platform.tokenizer import load_tokenizer
 from tests.local_service import BASE_MODEL_ARN, ENDPOINT_ENV_VARS, client_kwargs
@@ -79,7 +81,7 @@ def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
     evaluation = load_examples(toy_data[1])[: cfg.dapo.eval_size]
     tok = toy_tokenizer()
     with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as base:
-        base_acc = evaluate_greedy(base, tok, evaluation, cfg.dapo.max_tokens).accuracy
+        base_acc = evaluate_greedy(base, GSM8K, tok, evaluation, cfg.dapo.max_tokens).accuracy
     assert model["final_eval"]["accuracy"] >= base_acc + 0.30, (base_acc, model["final_eval"])
 
     first, last = steps[:5], steps[-5:]
@@ -94,20 +96,21 @@ def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
 
 
 # -- dynamic sampling on scripted reward patterns -------------------------------------------
-def scripted_grader(mixed, group_size):
-    """Prompts in `mixed` get exactly one right answer per group; all others are always wrong."""
-    calls: dict[str, int] = {}
+class Scripted(Gsm8k):
+    """GSM8K's prompts; prompts in `mixed` get exactly one right answer per group, all others are always wrong."""
 
-    def grade(text: str, example: Example) -> Grade:
-        k = calls.get(example.question, 0)
-        calls[example.question] = k + 1
-        correct = example.question in mixed and k % group_size == 0
+    def __init__(self, mixed, group_size):
+        self.mixed, self.group_size = mixed, group_size
+        self.calls: dict[str, int] = {}
+
+    def grade(self, text: str, example: Example) -> Grade:
+        k = self.calls.get(example.question, 0)
+        self.calls[example.question] = k + 1
+        correct = example.question in self.mixed and k % self.group_size == 0
         return Grade(correct=correct, formatted=True, extracted=None)
 
-    return grade
 
-
-def run_trainer(tmp_path, examples, cfg, grader, start=None):
+def run_trainer(tmp_path, examples, cfg, task, start=None):
     """The Trainer on a session of its own; (outcome, printed lines, the session's name)."""
     from sagemaker.train.training_session import ServiceClient
 
@@ -115,10 +118,10 @@ def run_trainer(tmp_path, examples, cfg, grader, start=None):
     training_client = svc.create_lora_training_client(**lora_kwargs(cfg.session))
     lines: list[str] = []
     try:
-        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, tokenizer=toy_tokenizer(),
+        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=task, tokenizer=toy_tokenizer(),
                           train_examples=examples, eval_examples=examples[:4],
                           metrics=metrics_io.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append),
-                          checkpoint_dir=tmp_path / "ckpt", grader=grader)
+                          checkpoint_dir=tmp_path / "ckpt")
         outcome = trainer.run(start or LoopState(seed=cfg.dapo.seed))
     finally:
         training_client.stop()
@@ -131,7 +134,7 @@ def test_dynamic_sampling_keeps_batch_size_groups_and_carries_the_surplus(tmp_pa
                                      "overlong_buffer": "0"})  # only the scripted rewards decide what is kept
     examples = load_examples(toy_data[0])[:40]
     mixed = {e.question for i, e in enumerate(examples) if i % 3 == 0}
-    outcome, lines, _ = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
+    outcome, lines, _ = run_trainer(tmp_path, examples, cfg, Scripted(mixed, 2))
     assert outcome.state.step == 5 and not outcome.state.stopped_early
 
     # Replay the seeded data order to know exactly which prompts each generation batch drew.
@@ -185,7 +188,7 @@ def test_sampling_runs_while_training_only_when_pipelined_and_never_waits_for_a_
     examples = load_examples(toy_data[0])[:40]
     mixed = {e.question for i, e in enumerate(examples) if i % 2 == 0}
     local_service.set_faults(Faults(latency_ms=100))
-    outcome, _, name = run_trainer(tmp_path, examples, cfg, scripted_grader(mixed, 2))
+    outcome, _, name = run_trainer(tmp_path, examples, cfg, Scripted(mixed, 2))
     local_service.set_faults(Faults())
     assert outcome.state.step == 4
 
@@ -244,7 +247,7 @@ def test_a_generation_batch_is_one_round_trip(tmp_path, toy_data, local_service)
     with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as client:
         session = local_service.state.find(client.training_session_name)
         local_service.set_faults(Faults(latency_ms=int(latency * 1000)))
-        sampler = GroupSampler(toy_tokenizer(), examples, 4, SamplingParams(max_tokens=512),
+        sampler = GroupSampler(GSM8K, toy_tokenizer(), examples, 4, SamplingParams(max_tokens=512),
                                RewardShaping(512))
         groups = sampler.launch(client, range(8), seed=1).result()
         local_service.set_faults(Faults())
@@ -258,20 +261,19 @@ def test_evaluation_grades_each_answer_once(toy_data, local_service):
     """The prediction reuses the sampler's grade: the grader runs once per answer, not twice."""
     from sagemaker.train.training_session import ServiceClient
 
-    from steps.dapo.sampling import grade_example
-
     examples = load_examples(toy_data[1])[:12]
     graded: list[str] = []
 
-    def counting(text: str, example: Example) -> Grade:
-        graded.append(example.question)
-        return grade_example(text, example)
+    class Counting(Gsm8k):
+        def grade(self, text: str, example: Example) -> Grade:
+            graded.append(example.question)
+            return super().grade(text, example)
 
     with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as client:
-        result = evaluate_greedy(client, toy_tokenizer(), examples, 512, grader=counting)
+        result = evaluate_greedy(client, Counting(), toy_tokenizer(), examples, 512)
     assert result.n == 12 and result.failed == 0
     assert sorted(graded) == sorted(ex.question for ex in examples)
-    assert [p.correct for p in result.predictions] == [grade_example(p.completion, ex).correct
+    assert [p.correct for p in result.predictions] == [GSM8K.grade(p.completion, ex).correct
                                                        for p, ex in zip(result.predictions, examples)]
 
 

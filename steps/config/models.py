@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from steps.gsm8k.reward import RewardFormat
-
 LossFn = Literal["ppo", "importance_sampling", "cispo"]
 LossAggregation = Literal["token", "sequence"]
+# Which reading of a grade earns the reward (steps/dapo/reward.py).
+RewardFormat = Literal["strict", "lenient"]
 # The sampling API's botocore model rejects maxTokens below this.
 MIN_MAX_TOKENS = 512
 INT32_MAX = 2**31 - 1
@@ -70,8 +70,8 @@ class DapoConfig(Section):
     epochs: float | None = Field(None, gt=0)
     max_tokens: int = Field(1024, ge=MIN_MAX_TOKENS, json_schema_extra={"why": "the sampling API's minimum"})
     temperature: float = Field(1.0, ge=0, le=2)
-    # strict: only '#### N' or '\\boxed{N}' in the answer region earns the reward; lenient: also
-    # "the answer is N" or its last number (steps/gsm8k/reward.py).
+    # strict: only the answer committed in the instructed form ('#### N' or '\\boxed{N}' for GSM8K) in the
+    # answer region earns the reward; lenient: also one found otherwise ("the answer is N", its last number).
     reward_format: RewardFormat = "strict"
     loss_fn: LossFn = "ppo"
     clip_low_threshold: float = Field(0.8, gt=0, le=1, json_schema_extra={"why": "a ratio bound, not an epsilon"})

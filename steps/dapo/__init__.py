@@ -1,11 +1,18 @@
-"""The RL core: DAPO as one readable loop over pure pieces.
+"""The RL core: DAPO as one readable loop over pure pieces, for any task.
 
-- ``loop``: the loop itself (sample, filter, update, checkpoint, evaluate);
+- ``task``: what the core asks of a dataset (render a prompt, grade a completion) and the :class:`Grade`;
+- ``chat``: the chat template on both sides of a sample (prompt tokens; the text a grader reads, its answer region);
+- ``loop``: the loop itself, :meth:`Trainer.step` reading sample -> grade -> filter -> advantages -> datums ->
+  update -> save;
+- ``schedule``: what runs while what waits (a checkpoint saved behind the next sampling, sampling ahead, the
+  step clock), and the :class:`Policy` that says how much overlaps;
 - ``sampling``: generation batches of graded groups, and dynamic sampling that fills a step;
+- ``reward``: a grade's reward, with DAPO's overlong shaping;
 - ``batch``: group advantages, overlong masking and datums (pure functions, like tinker-cookbook's
   ``data_processing``);
 - ``state``: the one frozen :class:`~steps.dapo.state.LoopState` the loop carries and the checkpoint stores,
   and the seeded data order;
 - ``metrics``: one metrics dict per step, written to the log lines, ``metrics.jsonl`` and trackers;
-- ``heldout``: greedy accuracy on held-out questions (in training and in the EvaluateModel step).
+- ``heldout``: greedy accuracy on held-out questions (in training and in the EvaluateModel step);
+- ``curves``: curves.png from metrics.jsonl.
 """

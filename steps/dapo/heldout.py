@@ -1,9 +1,10 @@
 """Greedy accuracy on held-out questions: in-training evaluation and the EvaluateModel step share it.
 
-Each answer is graded both ways (steps/gsm8k/reward.py): ``accuracy`` is the strict one
-(only '#### N' or '\\boxed{N}' in the answer region counts), ``accuracy_lenient`` also
-takes "the answer is N" or the last number there, and ``format_error_rate`` is the share
-of answers committed in no instructed form (failed requests included).
+Each answer is graded both ways by the run's task (steps/dapo/task.py): ``accuracy`` is the
+strict one (for GSM8K only '#### N' or '\\boxed{N}' in the answer region counts),
+``accuracy_lenient`` also takes an answer found otherwise ("the answer is N", the last number
+there), and ``format_error_rate`` is the share of answers committed in no instructed form
+(failed requests included).
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 from sagemaker.train.training_session import SamplingParams
 
-from steps.dapo.sampling import Grader, GroupSampler, grade_example
-from steps.gsm8k.data import Example
-from steps.gsm8k.reward import RewardShaping
+from steps.dapo.reward import RewardShaping
+from steps.dapo.sampling import GroupSampler
+from steps.dapo.task import Example, Task
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,15 @@ class EvalResult:
     predictions: tuple[Prediction, ...]
 
 
-def evaluate_greedy(client: Any, tokenizer: Any, examples: Sequence[Example], max_tokens: int,
-                    retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None,
-                    grader: Grader = grade_example) -> EvalResult:
+def evaluate_greedy(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Example], max_tokens: int,
+                    sample_retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None) -> EvalResult:
     """Temperature-0 answers to every example, all requests in flight at once, each graded once (by the
     sampler, as it is in training: the prediction reuses that grade)."""
     sampler = GroupSampler(
-        tokenizer=tokenizer, examples=examples, group_size=1,
+        task=task, tokenizer=tokenizer, examples=examples, group_size=1,
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-        shaping=RewardShaping(max_tokens=max_tokens), retries=retries,
-        chat_template_kwargs=chat_template_kwargs or {}, grader=grader,
+        shaping=RewardShaping(max_tokens=max_tokens), sample_retries=sample_retries,
+        chat_template_kwargs=chat_template_kwargs or {},
     )
     groups = sampler.launch(client, range(len(examples)), seed=None).result()
     predictions = []

@@ -1,51 +1,33 @@
-"""The DAPO training loop: one readable loop, in the manner of tinker-cookbook's ``rl_loop``.
+"""The DAPO training loop, in the manner of tinker-cookbook's ``rl_loop``: :meth:`Trainer.step` reads top to bottom.
 
-Per step: dynamic sampling fills ``batch_size`` informative groups (carrying any
-surplus), group advantages become datums, and one ``forward_backward`` plus one
-``optim_step`` are submitted back to back with the next sampler's
-``save_weights_for_sampler`` queued behind them, so the three training
-operations cost one wait, not three. The loop carries one frozen
-:class:`~steps.dapo.state.LoopState`; a checkpoint is that state, written.
+Per step: sample -> grade -> filter (dynamic sampling fills ``batch_size`` informative groups,
+carrying any surplus) -> advantages -> datums -> update (one ``forward_backward`` and one
+``optim_step``, with the next sampler's ``save_weights_for_sampler`` queued behind them, so the
+three training operations cost one wait, not three) -> save (a checkpoint every ``save_every``
+steps and at the end). The loop carries one frozen :class:`~steps.dapo.state.LoopState`; a
+checkpoint is that state, written.
 
-Nothing waits that need not: a checkpoint step's ``save_state`` is queued behind the
-update and awaited only after the next step's sampling, and ``checkpoint.json`` is
-written then, naming a state that exists. With ``max_steps_off_policy: 1`` the next
-step's sampling runs while a step trains, on the weights the step trained from (as
-verl's one-step-off-policy recipe and tinker-cookbook's async mode do); each group
-carries the step of the weights that sampled it, and the train line logs how many
-steps off-policy a step trained (``OFF_POLICY_LIMIT``).
+The prompts and the grader come from the run's task (steps/dapo/task.py); when each part is
+waited on, the overlap of one step with the next, from its :class:`~steps.dapo.schedule.Schedule`.
 """
 from __future__ import annotations
 
-import logging
 import math
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sagemaker.train.training_session import AdamParams, SamplingParams
 
 from steps.config import DapoConfig
-from steps.dapo import state as checkpoint
-from steps.dapo.batch import TrainSample, build_datums, train_samples
+from steps.dapo.batch import build_datums, train_samples
 from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.dapo.metrics import MetricsLog, sampling_figures, train_figures
-from steps.dapo.sampling import (
-    GenerationBatch,
-    Grader,
-    Group,
-    GroupSampler,
-    StepBatch,
-    collect_step,
-    derived_seed,
-    grade_example,
-)
-from steps.dapo.state import LoopState, take
-from steps.gsm8k.data import Example
-from steps.gsm8k.reward import RewardShaping
-
-log = logging.getLogger(__name__)
+from steps.dapo.reward import RewardShaping
+from steps.dapo.sampling import GenerationBatch, GroupSampler, StepBatch, collect_step
+from steps.dapo.schedule import Filled, PendingCheckpoint, Policy, Schedule, Update
+from steps.dapo.state import Cursor, LoopState
+from steps.dapo.task import Task
 
 
 @dataclass(frozen=True)
@@ -75,13 +57,6 @@ def cap_reason(step: int, batch: StepBatch, cfg: DapoConfig) -> str:
     )
 
 
-#: The most optimizer steps a group is ever trained after the weights that sampled it. Surplus groups
-#: carried into the next step are one step old; sampling ahead (max_steps_off_policy 1) makes a step's
-#: groups one step old, and the ones it would carry two: those are dropped. The PPO ratio against the
-#: sampler's logprobs (and its clip) is what makes a step-old group safe to train on.
-OFF_POLICY_LIMIT = 1
-
-
 @dataclass(frozen=True)
 class SamplerAt:
     """A SamplingClient and the optimizer step of the weights it samples."""
@@ -90,193 +65,117 @@ class SamplerAt:
     client: Any
 
 
-@dataclass(frozen=True)
-class SampledBy:
-    """A generation batch in flight, its groups stamped with the step of the weights that sample them."""
-
-    batch: GenerationBatch
-    step: int
-
-    def result(self) -> list[Group | None]:
-        return [None if g is None else replace(g, sampler_step=self.step) for g in self.batch.result()]
-
-
-@dataclass(frozen=True)
-class Filled:
-    """What dynamic sampling drew for a step, and the loop state once it was drawn."""
-
-    batch: StepBatch
-    state: LoopState
-
-
-@dataclass(frozen=True)
-class Update:
-    """One optimizer step's training operations, submitted back to back so they cost one wait."""
-
-    forward_backward: Any
-    optim: Any
-    save_weights: Any
-    save_state: Any | None  # a checkpoint step's, awaited only after the next step's sampling
-
-    def landed(self) -> "Update":
-        """Wait until the service has every operation (the SDK submits them in the background)."""
-        for future in (self.forward_backward, self.optim, self.save_weights, self.save_state):
-            if future is not None:
-                future.operation_id  # noqa: B018 - blocks until the submit round trip is done
-        return self
-
-    def result(self) -> tuple[Any, Any]:
-        """(forward_backward output, the saved sampler weights), awaited in submission order so a
-        failed step raises before the save is waited on."""
-        fb = self.forward_backward.result()
-        self.optim.result()
-        return fb, self.save_weights.result()
-
-
-@dataclass(frozen=True)
-class PendingCheckpoint:
-    """A checkpoint whose save_state may still be running: written once that state exists."""
-
-    save_state: Any
-    state: LoopState
-
-
 @dataclass
 class Trainer:
     training_client: Any  # the SDK's TrainingClient of this run's session
     cfg: DapoConfig
+    task: Task[Any]  # the prompts and the grader (steps/gsm8k/task.py for GSM8K)
     tokenizer: Any
-    train_examples: Sequence[Example]
-    eval_examples: Sequence[Example]
+    train_examples: Sequence[Any]
+    eval_examples: Sequence[Any]
     metrics: MetricsLog
     checkpoint_dir: Path
-    grader: Grader = grade_example
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # session.chat_template_kwargs
+    policy: Policy | None = None  # how much overlaps; None: the config's (steps/dapo/schedule.py)
+    on_batch: Callable[[int, StepBatch], None] | None = None  # sees each step's batch once sampled (make bench)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
+        self.policy = self.policy or Policy.from_config(cfg)
         self.sampler = GroupSampler(
-            tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
+            task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
             shaping=RewardShaping(cfg.max_tokens, cfg.overlong_buffer, cfg.overlong_penalty, cfg.reward_format),
-            retries=cfg.sample_retries, grader=self.grader, chat_template_kwargs=self.chat_template_kwargs,
+            sample_retries=cfg.sample_retries, chat_template_kwargs=self.chat_template_kwargs,
         )
 
     def run(self, state: LoopState) -> Outcome:
-        cfg = self.cfg
+        """Train from ``state`` to the last step, or to the cap's clean stop; evaluate every ``eval_every``
+        steps and at the end."""
         if state.stopped_early:  # a restart after the cap: nothing left to do
             return Outcome(state, None)
-        n_steps = total_steps(cfg, len(self.train_examples))
         sampler = self._sampler(state.step, self._save_weights(state.step).result())
-        pending: PendingCheckpoint | None = None  # its save_state runs while the next step samples
-        ahead: Filled | None = None  # max_steps_off_policy 1: the next step's batch, sampled while this one trained
-        last_eval: tuple[int, EvalResult] | None = None
-        step_clock = time.monotonic()
-        try:
-            while state.step < n_steps:
-                filled = ahead or self._fill(state, sampler)
-                ahead = None
-                if pending:  # by now its state exists (or the step fails here, before training on)
-                    filled = replace(filled, state=filled.state.with_saved_state(self._write(pending)))
-                    pending = None
-                batch, update = filled.batch, state.step + 1
-                record = sampling_figures(update, batch)
-                self.metrics.sampling(record)
-                if batch.hit_cap:
-                    reason = cap_reason(state.step, batch, cfg)
-                    self.metrics.print_fn(f"stopped: {reason}")
-                    self.metrics.stopped(record)
-                    stop = replace(filled.state, carry=batch.kept, stopped_early=True, stop_reason=reason,
-                                   sampler_model_package_arn=sampler.client.model_package_arn)
-                    return Outcome(self._checkpoint(stop), last_eval[1] if last_eval else None)
-
-                samples = train_samples(batch.kept, cfg.advantage_std_scaling, cfg.overlong_filtering)
-                checkpoint_step = update % cfg.save_every == 0 or update == n_steps
-                submitted = self._submit_update(samples, update, checkpoint_step)
-                carry, dropped = self._carry(batch.carry, update + 1)
-                after = replace(filled.state, step=update, carry=carry)
-                if cfg.max_steps_off_policy and update < n_steps:
-                    ahead, sampler, fb_out = self._fill_while_training(after, sampler, submitted)
-                else:
-                    fb_out, saved = submitted.result()
-                    sampler = self._sampler(update, saved)
-                state = replace(after, sampler_model_package_arn=sampler.client.model_package_arn)
-                self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics,
-                                                             time.monotonic() - step_clock, update, dropped)})
-                step_clock = time.monotonic()
-                if checkpoint_step:
-                    pending = self._checkpoint_later(submitted, state)
-                if cfg.eval_every and state.step % cfg.eval_every == 0:
-                    last_eval = (state.step, self.evaluate(state.step, sampler.client))
-                    step_clock = time.monotonic()  # a step's seconds leave the evaluation out
-
-            final = last_eval[1] if last_eval and last_eval[0] == state.step else (
+        schedule = Schedule(self.policy, total_steps(self.cfg, len(self.train_examples)), self.checkpoint_dir)
+        evaluated: tuple[int, EvalResult] | None = None
+        with schedule.salvaging():
+            while state.step < schedule.n_steps:
+                state, sampler = self.step(state, sampler, schedule)
+                if state.stopped_early:
+                    return Outcome(state, evaluated[1] if evaluated else None)
+                if self.cfg.eval_every and state.step % self.cfg.eval_every == 0:
+                    with schedule.untimed():
+                        evaluated = (state.step, self.evaluate(state.step, sampler.client))
+            final = evaluated[1] if evaluated and evaluated[0] == state.step else (
                 self.evaluate(state.step, sampler.client) if self.eval_examples else None)
-            if pending:
-                state = state.with_saved_state(self._write(pending))
-            return Outcome(state, final)
-        except Exception:
-            if pending:  # a save_state that finished still makes a checkpoint to resume from
-                self._salvage(pending)
-            raise
+            return Outcome(schedule.finish(state), final)
+
+    def step(self, state: LoopState, sampler: SamplerAt, schedule: Schedule) -> tuple[LoopState, SamplerAt]:
+        """One optimizer step: the state after it (``stopped_early`` if the cap stopped it), and the sampler of
+        its weights."""
+        cfg, update = self.cfg, state.step + 1
+        # sample -> grade -> filter: dynamic sampling, drawn while the previous step trained if sampling ahead
+        filled = schedule.sampled(lambda: self._fill(state, sampler))
+        batch, record = filled.batch, sampling_figures(update, filled.batch)
+        self.metrics.sampling(record)
+        if self.on_batch:
+            self.on_batch(update, batch)
+        if batch.hit_cap:
+            return self._stop(filled, record, sampler), sampler
+        # advantages -> datums
+        samples = train_samples(batch.kept, cfg.advantage_std_scaling, cfg.overlong_filtering)
+        datums = build_datums(samples, cfg.loss_aggregation)
+        # update: its operations in one wait, the next step's sampling meanwhile if sampling ahead
+        save = update % cfg.save_every == 0 or update == schedule.n_steps
+        submitted = self._submit_update(datums, update, save)
+        carry, dropped = schedule.carried(batch.carry, update + 1)
+        after = replace(filled.state, step=update, carry=carry)
+        fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler))
+        new_sampler = self._sampler(update, weights)
+        trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
+        with schedule.untimed():
+            self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
+                                                         dropped)})
+        # save: written once its save_state is done, behind the next step's sampling
+        if save:
+            schedule.checkpoint(submitted, trained)
+        return trained, new_sampler
 
     def _fill(self, state: LoopState, sampler: SamplerAt) -> Filled:
-        """Dynamic sampling for the step after ``state``; the state advances past every generation batch drawn."""
-        position, drawn = state.position, state.gen_batches_drawn
-
-        def launch() -> SampledBy:
-            nonlocal position, drawn
-            indices, position = take(len(self.train_examples), self.cfg.batch_size, self.cfg.seed, position)
-            batch = self.sampler.launch(sampler.client, indices, seed=derived_seed(self.cfg.seed, drawn))
-            for future in batch.futures:  # the whole batch on the service before any of it is awaited
-                future.operation_id  # noqa: B018 - blocks until the submit round trip is done
-            drawn += 1
-            return SampledBy(batch, sampler.step)
-
-        batch = collect_step(launch, state.carry, self.cfg.batch_size, self.cfg.max_num_gen_batches,
-                             self.cfg.max_inflight_gen_batches, (state.kept_groups, state.sampled_groups))
-        return Filled(batch, replace(state, position=position, gen_batches_drawn=drawn,
+        """Dynamic sampling for the step after ``state`` on ``sampler``'s weights; the state advances past
+        every generation batch drawn."""
+        cfg = self.cfg
+        cursor = Cursor(state.position, state.gen_batches_drawn)
+        batch = collect_step(lambda: self._launch(sampler, cursor), state.carry, cfg.batch_size,
+                             cfg.max_num_gen_batches, self.policy.batches_to_launch,
+                             (state.kept_groups, state.sampled_groups))
+        return Filled(batch, replace(state, position=cursor.position, gen_batches_drawn=cursor.drawn,
                                      kept_groups=state.kept_groups + batch.informative,
                                      sampled_groups=state.sampled_groups + len(batch.sampled)))
 
-    def _fill_while_training(self, state: LoopState, sampler: SamplerAt,
-                             update: Update) -> tuple[Filled, SamplerAt, Any]:
-        """Sample the step after ``state`` while ``update`` trains, on the weights sampling now: one
-        step older than the ones it will be trained from. Then wait for the update.
+    def _launch(self, sampler: SamplerAt, cursor: Cursor) -> GenerationBatch:
+        """The next generation batch, every request of it on the service before any is awaited."""
+        indices, seed = cursor.next(len(self.train_examples), self.cfg.batch_size, self.cfg.seed)
+        batch = self.sampler.launch(sampler.client, indices, seed, sampler.step)
+        for future in batch.futures:
+            future.operation_id  # noqa: B018 - blocks until the submit round trip is done
+        return batch
 
-        Returns the batch, the sampler of the new weights, and the update's forward_backward output.
-        The loop waits on one thread only, so a service can tell its waits from its work.
-        """
-        filled = self._fill(state, sampler)
-        fb_out, saved = update.result()
-        return filled, self._sampler(state.step, saved), fb_out
-
-    def _carry(self, groups: Sequence[Group], update: int) -> tuple[tuple[Group, ...], int]:
-        """Surplus groups for update ``update``, and how many were dropped as too stale for it.
-
-        A carried group is one step older than the groups sampled for its step; with
-        max_steps_off_policy 1 a group sampled ahead would become two: those are dropped,
-        so no group is trained more than ``OFF_POLICY_LIMIT`` steps off-policy.
-        """
-        fresh = tuple(g for g in groups if update - 1 - g.sampler_step <= OFF_POLICY_LIMIT)
-        return fresh, len(groups) - len(fresh)
-
-    def _submit_update(self, samples: Sequence[TrainSample], update: int, checkpoint_step: bool) -> Update:
+    def _submit_update(self, datums: list[dict[str, Any]], update: int, save: bool) -> Update:
         """forward_backward, optim_step and the next sampler's save, back to back; a checkpoint step's
         save_state queued behind them on the same sequence."""
         cfg = self.cfg
         fb = self.training_client.forward_backward(
-            build_datums(samples, cfg.loss_aggregation), loss_fn=cfg.loss_fn,
+            datums, loss_fn=cfg.loss_fn,
             loss_fn_config={"clip_low_threshold": cfg.clip_low_threshold,
                             "clip_high_threshold": cfg.clip_high_threshold},
         )
         optim = self.training_client.optim_step(adam_params(cfg))
-        save = self._save_weights(update)
-        save_state = self.training_client.save_state(description=f"dapo step {update}") if checkpoint_step else None
+        weights = self._save_weights(update)
+        save_state = self.training_client.save_state(description=f"dapo step {update}") if save else None
         # Landed before the loop goes on to sample or wait: the update is queued ahead of any sampling
         # launched next, and a service timing the loop (the local cost model's virtual time) sees a loop
         # that waits on nothing it has not been sent.
-        return Update(fb, optim, save, save_state).landed()
+        return Update(fb, optim, weights, save_state).landed()
 
     def _save_weights(self, step: int) -> Any:
         return self.training_client.save_weights_for_sampler(description=f"dapo step {step}")
@@ -287,36 +186,21 @@ class Trainer:
             raise RuntimeError("save_weights_for_sampler returned no model package ARN; cannot sample the new weights")
         return SamplerAt(step, self.training_client.create_sampling_client(model_package_arn=saved.model_package_arn))
 
+    def _stop(self, filled: Filled, record: dict[str, Any], sampler: SamplerAt) -> LoopState:
+        """The cap's clean stop: why, logged; the state saved and its checkpoint written now."""
+        reason = cap_reason(filled.state.step, filled.batch, self.cfg)
+        self.metrics.print_fn(f"stopped: {reason}")
+        self.metrics.stopped(record)
+        stop = replace(filled.state, carry=filled.batch.kept, stopped_early=True, stop_reason=reason,
+                       sampler_model_package_arn=sampler.client.model_package_arn)
+        saved = self.training_client.save_state(description=f"dapo step {stop.step}")
+        return stop.with_saved_state(PendingCheckpoint(saved, stop).write(self.checkpoint_dir))
+
     def evaluate(self, step: int, sampling_client: Any) -> EvalResult:
         cfg = self.cfg
-        result = evaluate_greedy(sampling_client, self.tokenizer, self.eval_examples[: cfg.eval_size], cfg.max_tokens,
-                                 cfg.sample_retries, self.chat_template_kwargs)
+        result = evaluate_greedy(sampling_client, self.task, self.tokenizer, self.eval_examples[: cfg.eval_size],
+                                 cfg.max_tokens, cfg.sample_retries, self.chat_template_kwargs)
         self.metrics.eval({"step": step, "accuracy": result.accuracy, "accuracy_lenient": result.accuracy_lenient,
                            "format_error_rate": result.format_error_rate,
                            "n": result.n, "failed": result.failed})
         return result
-
-    def _checkpoint(self, state: LoopState) -> LoopState:
-        """Save the state and write the checkpoint now (the cap's stop)."""
-        pending = PendingCheckpoint(self.training_client.save_state(description=f"dapo step {state.step}"), state)
-        return state.with_saved_state(self._write(pending))
-
-    def _checkpoint_later(self, update: Update, state: LoopState) -> PendingCheckpoint:
-        """The checkpoint of a step whose save_state was queued with its update: written after the next
-        step's sampling (or at the end), so the save runs while the sampler works."""
-        assert update.save_state is not None, "a checkpoint step queues its save_state"
-        return PendingCheckpoint(update.save_state, state)
-
-    def _write(self, pending: PendingCheckpoint) -> str:
-        """Wait for the save_state, then write checkpoint.json: it only ever names a state that exists."""
-        arn = pending.save_state.result().model_package_arn
-        checkpoint.write(self.checkpoint_dir, pending.state.with_saved_state(arn))
-        log.info("checkpoint: step=%d state=%s", pending.state.step, arn)
-        return arn
-
-    def _salvage(self, pending: PendingCheckpoint) -> None:
-        """On the way out of a failed step: write the previous step's checkpoint if its save_state finished."""
-        try:
-            self._write(pending)
-        except Exception as exc:  # the error being raised is the one to report
-            log.warning("checkpoint of step %d not written: %s", pending.state.step, exc)

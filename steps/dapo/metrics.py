@@ -19,8 +19,8 @@ from steps.platform import files
 
 # Fields of each log line, in order. The pipeline's metric regexes match them: only ever append.
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
-# accuracy: strict (only an answer committed as #### N or \boxed{N} counts); accuracy_lenient also takes
-# "the answer is N" or the last number of the answer region (steps/gsm8k/reward.py).
+# accuracy: strict (only an answer committed in the instructed form counts: #### N or \boxed{N} for GSM8K);
+# accuracy_lenient also takes one found otherwise, e.g. "the answer is N" (the task's grader: steps/dapo/task.py).
 TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds", "accuracy_lenient",
                 "completion_tokens_mean", "truncated_frac", "off_policy_steps")
 EVAL_FIELDS = ("step", "accuracy")

@@ -1,6 +1,7 @@
 """Generation batches of graded groups, and DAPO's dynamic sampling that fills one step.
 
-A generation batch is ``batch_size`` prompts x ``group_size`` samples. Every
+A generation batch is ``batch_size`` prompts x ``group_size`` samples, each prompt rendered
+and each completion graded by the run's task (steps/dapo/task.py). Every
 prompt of a batch is submitted before any result is awaited (the SDK returns
 futures), so a batch costs about one round trip, not one per prompt. A failed
 request is resubmitted a bounded number of times; a group that still fails is
@@ -12,14 +13,14 @@ all-equal group has zero advantage everywhere and no gradient) and draws
 generation batches until ``batch_size`` groups are kept; kept groups beyond
 that are carried into the next step. When the keep rate seen so far says one
 more batch will not fill the step, further batches are started before the
-current one returns (at most ``max_inflight``): an over-shoot's surplus is
-carried, which is cheaper than an extra sequential round trip (``make bench``).
+current one returns (how many is the scheduling policy's choice, steps/dapo/schedule.py):
+an over-shoot's surplus is carried, which is cheaper than an extra sequential round trip
+(``make bench``).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -27,9 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 from botocore.exceptions import ClientError
 from sagemaker.train.training_session import SamplingParams
 
-from steps.gsm8k.data import Example
-from steps.gsm8k.prompt import completion_text, opens_reasoning, render_prompt
-from steps.gsm8k.reward import Grade, RewardShaping, grade, reward
+from steps.dapo.chat import completion_text, opens_reasoning
+from steps.dapo.reward import RewardShaping, reward
+from steps.dapo.task import Grade, Task
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,6 @@ log = logging.getLogger(__name__)
 #: resubmitting cannot help, so the step fails at once rather than drawing
 #: generation batches of nothing until max_num_gen_batches and blaming the data.
 SESSION_GONE = frozenset({"ConflictException", "ResourceNotFoundException"})
-Grader = Callable[[str, Example], Grade]
-
-
-def grade_example(text: str, example: Example) -> Grade:
-    return grade(text, example.gold)
 
 
 @dataclass(frozen=True)
@@ -101,23 +97,23 @@ class GenerationBatch:
     indices: tuple[int, ...]
     seed: int | None
     futures: tuple[Any, ...]
+    sampler_step: int = 0  # the optimizer step of the weights that sample it, stamped on its groups
 
     def result(self) -> list[Group | None]:
-        return [self.sampler.resolve(self.client, i, fut, self.seed, k)
-                for k, (i, fut) in enumerate(zip(self.indices, self.futures))]
+        return [self.sampler.resolve(self, k) for k in range(len(self.indices))]
 
 
 @dataclass
 class GroupSampler:
-    """Turns prompts into graded groups through one SamplingClient."""
+    """Turns a task's examples into graded groups through one SamplingClient."""
 
+    task: Task[Any]
     tokenizer: Any
-    examples: Sequence[Example]
+    examples: Sequence[Any]
     group_size: int
     params: SamplingParams
     shaping: RewardShaping
-    retries: int = 2
-    grader: Grader = grade_example
+    sample_retries: int = 2
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # session.chat_template_kwargs
 
     def __post_init__(self) -> None:
@@ -126,51 +122,53 @@ class GroupSampler:
 
     def prompt(self, index: int) -> tuple[int, ...]:
         if index not in self._prompts:
-            prompt = tuple(render_prompt(self.tokenizer, self.examples[index].question, self.chat_template_kwargs))
+            prompt = tuple(self.task.prompt(self.examples[index], self.tokenizer, self.chat_template_kwargs))
             self._prompts[index] = prompt
             self._reasoning_open[index] = opens_reasoning(self.tokenizer, prompt)
         return self._prompts[index]
 
     def text(self, index: int, tokens: Sequence[int]) -> str:
-        """A completion of prompt ``index`` as the grader reads it (steps/gsm8k/prompt.py)."""
+        """A completion of prompt ``index`` as the grader reads it (steps/dapo/chat.py)."""
         self.prompt(index)
         return completion_text(self.tokenizer, tokens, self._reasoning_open[index])
 
-    def launch(self, client: Any, indices: Sequence[int], seed: int | None) -> GenerationBatch:
+    def launch(self, client: Any, indices: Sequence[int], seed: int | None, sampler_step: int = 0) -> GenerationBatch:
         """Submit one sample request per prompt; nothing is awaited."""
         futures = tuple(self._submit(client, i, seed, k) for k, i in enumerate(indices))
-        return GenerationBatch(self, client, tuple(indices), seed, futures)
+        return GenerationBatch(self, client, tuple(indices), seed, futures, sampler_step)
 
     def _submit(self, client: Any, index: int, seed: int | None, k: int) -> Any:
         params = self.params if seed is None else self.params.model_copy(update={"seed": derived_seed(seed, k)})
         return client.sample(list(self.prompt(index)), num_samples=self.group_size, sampling_params=params)
 
-    def resolve(self, client: Any, index: int, fut: Any, seed: int | None, k: int) -> Group | None:
-        """Wait for one request, resubmitting a failed one up to ``retries`` times; grade what came back."""
-        for attempt in range(self.retries + 1):
+    def resolve(self, batch: GenerationBatch, k: int) -> Group | None:
+        """Wait for request ``k`` of ``batch``, resubmitting a failed one up to ``sample_retries`` times;
+        grade what came back."""
+        index, fut = batch.indices[k], batch.futures[k]
+        for attempt in range(self.sample_retries + 1):
             try:
                 response = fut.result()
             except Exception as exc:  # the SDK already retried throttling; this is a failed op
                 if _session_gone(exc):
                     raise
-                if attempt == self.retries:
+                if attempt == self.sample_retries:
                     log.warning("sampling failed for example %d after %d attempts: %s", index, attempt + 1, exc)
                     return None
-                fut = self._submit(client, index, seed, k)
+                fut = self._submit(batch.client, index, batch.seed, k)
                 continue
-            return self._group(index, response)
+            return self._group(index, response, batch.sampler_step)
         return None
 
-    def _group(self, index: int, response: Any) -> Group:
+    def _group(self, index: int, response: Any, sampler_step: int) -> Group:
         example = self.examples[index]
         rollouts = []
         for seq in response.sequences:
             tokens = tuple(int(t) for t in seq.tokens)
-            result = self.grader(self.text(index, tokens), example)
+            result = self.task.grade(self.text(index, tokens), example)
             stop = seq.stop_reason.value if hasattr(seq.stop_reason, "value") else str(seq.stop_reason)
             rollouts.append(Rollout(tokens, tuple(seq.logprobs or ()), stop,
                                     reward(result, len(tokens), self.shaping), result))
-        return Group(index, self.prompt(index), tuple(rollouts))
+        return Group(index, self.prompt(index), tuple(rollouts), sampler_step)
 
 
 # -- dynamic sampling ------------------------------------------------------------------------
@@ -201,55 +199,64 @@ class StepBatch:
         return sum(not g.is_informative() and g.all_wrong() for g in self.sampled)
 
 
-def batches_to_launch(need: int, in_flight: int, batch_size: int, rate: float, budget: int, max_inflight: int) -> int:
-    """How many new generation batches to start now.
+#: How many generation batches to start now, given (need, in_flight, batch_size, keep_rate, budget):
+#: the scheduling policy's choice (:meth:`steps.dapo.schedule.Policy.batches_to_launch`).
+BatchesToLaunch = Callable[[int, int, int, float, int], int]
 
-    Enough that, at the observed keep rate, the batches in flight are expected
-    to fill the remaining need, within the in-flight and cap budgets; at least
-    one when nothing is in flight and groups are still needed.
-    """
-    if need <= 0 or budget <= 0:
-        return 0
-    expected_per_batch = max(rate, 1e-3) * batch_size
-    wanted = math.ceil(need / expected_per_batch) - in_flight
-    floor = 1 if in_flight == 0 else 0
-    return max(floor, min(wanted, max_inflight - in_flight, budget))
+
+@dataclass
+class Draws:
+    """One step's dynamic sampling as it goes: the groups kept and sampled, the batches in flight."""
+
+    carry: tuple[Group, ...]
+    evidence: tuple[int, int]  # (informative, sampled) groups of the run before this step
+    kept: list[Group] = field(default_factory=list)
+    sampled: list[Group] = field(default_factory=list)
+    in_flight: deque[GenerationBatch] = field(default_factory=deque)
+    launched: int = 0
+    failed: int = 0
+    empty: int = 0
+    speculative: int = 0
+
+    def __post_init__(self) -> None:
+        self.kept = list(self.carry)
+
+    def keep_rate(self) -> float:
+        """Informative groups per sampled group over the run so far, this step's included."""
+        informative = self.evidence[0] + len(self.kept) - len(self.carry)
+        seen = self.evidence[1] + len(self.sampled)
+        return informative / seen if seen else 1.0  # no evidence yet: assume all kept, never speculate blind
+
+    def receive(self, results: list[Group | None]) -> None:
+        """Grade-filter one generation batch: keep the groups whose rewards are not all equal."""
+        groups = [g for g in results if g is not None]
+        self.failed += len(results) - len(groups)
+        self.empty += bool(results) and not groups
+        self.sampled.extend(groups)
+        self.kept.extend(g for g in groups if g.is_informative())
+
+    def step_batch(self, batch_size: int) -> StepBatch:
+        kept = self.kept
+        return StepBatch(kept=tuple(kept[:batch_size]), carry=tuple(kept[batch_size:]), sampled=tuple(self.sampled),
+                         gen_batches=self.launched, failed_groups=self.failed, empty_rollouts=self.empty,
+                         speculative=self.speculative, hit_cap=len(kept) < batch_size)
 
 
 def collect_step(launch: Callable[[], GenerationBatch], carry: Sequence[Group], batch_size: int,
-                 max_gen_batches: int, max_inflight: int, evidence: tuple[int, int]) -> StepBatch:
-    """Draw generation batches until ``batch_size`` groups are kept or ``max_gen_batches`` are drawn.
+                 max_num_gen_batches: int, batches_to_launch: BatchesToLaunch, evidence: tuple[int, int]) -> StepBatch:
+    """Draw generation batches until ``batch_size`` groups are kept or ``max_num_gen_batches`` are drawn.
 
-    ``evidence`` is (informative, sampled) groups of the run before this step: with
-    this step's own, it is the keep rate that decides how many batches to start at once.
+    ``evidence`` is (informative, sampled) groups of the run before this step: with this step's
+    own, it is the keep rate from which ``batches_to_launch`` decides how many batches to start at once.
     """
-    kept: list[Group] = list(carry)
-    sampled: list[Group] = []
-    failed = empty = speculative = launched = 0
-    in_flight: deque[GenerationBatch] = deque()
-
-    def top_up() -> None:
-        nonlocal launched, speculative
-        informative = evidence[0] + len(kept) - len(carry)
-        seen = evidence[1] + len(sampled)
-        rate = informative / seen if seen else 1.0  # no evidence yet: assume all kept, never speculate blind
-        n = batches_to_launch(batch_size - len(kept), len(in_flight), batch_size, rate,
-                              max_gen_batches - launched, max_inflight)
-        speculative += max(0, n - (0 if in_flight else 1))
+    draws = Draws(tuple(carry), evidence)
+    while True:
+        n = batches_to_launch(batch_size - len(draws.kept), len(draws.in_flight), batch_size, draws.keep_rate(),
+                              max_num_gen_batches - draws.launched)
+        draws.speculative += max(0, n - (0 if draws.in_flight else 1))
         for _ in range(n):
-            in_flight.append(launch())
-            launched += 1
-
-    top_up()
-    while in_flight:
-        results = in_flight.popleft().result()
-        groups = [g for g in results if g is not None]
-        failed += len(results) - len(groups)
-        empty += bool(results) and not groups
-        sampled.extend(groups)
-        kept.extend(g for g in groups if g.is_informative())
-        top_up()
-
-    return StepBatch(kept=tuple(kept[:batch_size]), carry=tuple(kept[batch_size:]), sampled=tuple(sampled),
-                     gen_batches=launched, failed_groups=failed, empty_rollouts=empty, speculative=speculative,
-                     hit_cap=len(kept) < batch_size)
+            draws.in_flight.append(launch())
+            draws.launched += 1
+        if not draws.in_flight:
+            return draws.step_batch(batch_size)
+        draws.receive(draws.in_flight.popleft().result())

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from steps.cli import Refused
-from steps.dapo.sampling import Group, Rollout
-from steps.gsm8k.reward import Grade
+from steps.dapo.sampling import Group, Rollout, derived_seed
+from steps.dapo.task import Grade
 from steps.platform import files
 
 FILENAME = "checkpoint.json"
@@ -39,20 +39,36 @@ class DataPosition:
     offset: int = 0
 
 
-def take(n_examples: int, count: int, seed: int, pos: DataPosition) -> tuple[list[int], DataPosition]:
-    """The next ``count`` example indices from ``pos``, wrapping into new epochs."""
+def take(n_examples: int, batch_size: int, seed: int, pos: DataPosition) -> tuple[list[int], DataPosition]:
+    """The next ``batch_size`` example indices from ``pos`` (one generation batch), wrapping into new epochs."""
     if n_examples < 1:
         raise ValueError("no training examples")
     out: list[int] = []
     epoch, offset = pos.epoch, pos.offset
-    while len(out) < count:
+    while len(out) < batch_size:
         perm = np.random.default_rng([seed, epoch]).permutation(n_examples)
-        chunk = perm[offset : offset + count - len(out)]
+        chunk = perm[offset : offset + batch_size - len(out)]
         out.extend(int(i) for i in chunk)
         offset += len(chunk)
         if offset >= n_examples:
             epoch, offset = epoch + 1, 0
     return out, DataPosition(epoch, offset)
+
+
+@dataclass
+class Cursor:
+    """Where a step's next generation batch is drawn from, as the step draws them: the data position, and
+    the generation batches drawn over the run (the count seeds each batch's sampling requests)."""
+
+    position: DataPosition
+    drawn: int
+
+    def next(self, n_examples: int, batch_size: int, seed: int) -> tuple[list[int], int]:
+        """The next generation batch's example indices and its sampling seed."""
+        indices, self.position = take(n_examples, batch_size, seed, self.position)
+        batch_seed = derived_seed(seed, self.drawn)
+        self.drawn += 1
+        return indices, batch_seed
 
 
 @dataclass(frozen=True)
@@ -64,16 +80,12 @@ class LoopState:
     position: DataPosition = DataPosition()
     gen_batches_drawn: int = 0  # seeds the next sampling requests
     carry: tuple[Group, ...] = ()  # kept groups beyond batch_size, trained next step
-    kept_groups: int = 0  # keep-rate evidence over the run: informative / sampled groups
+    kept_groups: int = 0  # keep-rate evidence over the run (informative / sampled groups), for dynamic sampling
     sampled_groups: int = 0
     state_model_package_arn: str = ""  # saved training state (weights + Adam) of `step`
     sampler_model_package_arn: str = ""
     stopped_early: bool = False
     stop_reason: str = ""
-
-    def keep_rate(self) -> float:
-        # Before any evidence assume every group is kept: never speculate blind.
-        return self.kept_groups / self.sampled_groups if self.sampled_groups else 1.0
 
     def with_saved_state(self, arn: str) -> "LoopState":
         return replace(self, state_model_package_arn=arn)

@@ -1,22 +1,19 @@
-"""Numbers in GSM8K answers: the gold answer of a row, and the answer a completion commits to.
+"""GSM8K answers: the gold number of a row, the answer a completion commits to, and its grade.
 
 Numbers are compared as exact decimals through one canonical string form
 (``"+7.50"`` -> ``"7.5"``, ``"1,000"`` -> ``"1000"``), so grading needs no float
 rounding and a normalised answer can be stored, logged and compared as text.
 
-A reasoning model thinks before it answers, often for hundreds of tokens of
-scratch numbers, so an answer is read only in the completion's *answer region*
-(:func:`answer_region`): after a ``<think>...</think>`` block (Qwen3-family
-templates), or in the ``final`` channel of gpt-oss's harmony format
-(``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...<|return|>``).
-A completion cut off inside its reasoning has no answer region, so no answer,
-whatever numbers its thinking happened to write. The grader therefore reads
-completions decoded WITH their special tokens: harmony's markers are special
-tokens that ``skip_special_tokens=True`` would drop, leaving ``analysis...assistantfinal...``.
+An answer is read only in the completion's answer region (``steps/dapo/chat.py``: after a
+reasoning block, in harmony's ``final`` channel); a completion cut off inside its reasoning has no
+answer. :func:`grade` is the task's grader: both readings (strict and lenient) of one completion.
 """
 from __future__ import annotations
 
 import re
+
+from steps.dapo.chat import answer_region
+from steps.dapo.task import Grade
 
 # A number as a model writes it: optional sign, digits with optional thousands
 # separators, optional decimals. The sign only counts when it is not the minus
@@ -33,12 +30,6 @@ _COMMITTED_RE = re.compile(
 _ANSWER_IS_RE = re.compile(rf"answer\s*(?:is|:|=){_LEAD}({_NUMBER})", re.IGNORECASE)
 _CANONICAL_RE = re.compile(r"([-+]?)(\d*)(?:\.(\d*))?")
 _GOLD_RE = re.compile(r"\$?([-+]?(?:\d+(?:\.\d+)?|\.\d+))")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# One harmony message: its channel (the header may add e.g. ' to=functions.x' or '<|constrain|>json'),
-# then its text up to the token that ends it, or to the end of a completion cut off inside it.
-_HARMONY_CHANNEL = "<|channel|>"
-_HARMONY_MESSAGE_RE = re.compile(r"<\|channel\|>\s*(\w+)[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>"
-                                 r"(.*?)(?=<\|(?:end|return|call|start)\|>|\Z)", re.DOTALL)
 
 
 def canonical(number: str) -> str | None:
@@ -60,24 +51,6 @@ def gold_answer(answer_text: str) -> str | None:
     tail = answer_text.rsplit("####", 1)[1].replace(",", "").strip()
     m = _GOLD_RE.fullmatch(tail)
     return canonical(m.group(1)) if m else None
-
-
-def answer_region(completion: str) -> str | None:
-    """The part of a completion that gives its answer; None when it was cut off inside its reasoning.
-
-    - harmony (gpt-oss): the text of the last ``final``-channel message; without one (still in
-      ``analysis``, or cut off before ``final`` began) there is no answer;
-    - ``<think>``: what follows the last ``</think>``; a ``<think>`` opened after it and never
-      closed means the completion stopped mid-thought;
-    - otherwise, the whole completion.
-    """
-    if _HARMONY_CHANNEL in completion:
-        finals = [text for channel, text in _HARMONY_MESSAGE_RE.findall(completion) if channel == "final"]
-        return finals[-1] if finals else None
-    opened, closed = completion.rfind(THINK_OPEN), completion.rfind(THINK_CLOSE)
-    if opened > closed:
-        return None
-    return completion[closed + len(THINK_CLOSE):] if closed >= 0 else completion
 
 
 def committed_answer(region: str) -> str | None:
@@ -115,3 +88,19 @@ def extract_answer(completion: str) -> tuple[str | None, bool]:
         return canonical(said[-1]), False
     numbers = _NUMBER_RE.findall(region)
     return (canonical(numbers[-1]) if numbers else None), False
+
+
+def grade(completion: str, gold: str) -> Grade:
+    """Grade a completion against a gold number (any form: "7", "7.0", "1,000").
+
+    Strict (``correct``): only an answer committed as '#### N' or '\\boxed{N}' in the answer region,
+    as DAPO's rule-based reward does. Lenient (``correct_lenient``): also "the answer is N" or the
+    last number there. Neither reads a reasoning block.
+    """
+    want = canonical(gold)
+    if want is None:
+        raise ValueError(f"gold answer {gold!r} is not a number; pass gold_answer(row['answer'])")
+    extracted, formatted = extract_answer(completion)
+    right = extracted == want
+    return Grade(correct=right and formatted, formatted=formatted, extracted=extracted,
+                 correct_unformatted=right and not formatted)
