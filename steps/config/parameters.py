@@ -3,6 +3,10 @@ the checks of ``make start-pipeline`` and the README's table.
 
 Each parameter's default is the value of one config key; for ``session`` and ``dapo`` keys the
 execution's value also overrides that key in the training job's hyperparameters.
+
+This table is the one place where a concept's name changes: the pipeline parameter's name
+(``BatchSize``, SageMaker's CamelCase) maps to its config key (``dapo.batch_size``), and from there
+to the loop every file calls it by the key's field name (``batch_size``; ``--batch-size`` on a command line).
 """
 from __future__ import annotations
 
