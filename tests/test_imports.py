@@ -249,7 +249,8 @@ def test_a_group_with_more_than_one_circle_names_every_arrow_in_it(tmp_path: Pat
     root = write(tmp_path, {
         "local/__init__.py": "",
         "local/faults.py": "from local import responses\nfrom local.models import Session\n",
-        "local/models.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from local.faults import Injector\n",
+        "local/models.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                            "    from local.faults import Injector\n"),
         "local/responses.py": "from local.models import Session\n",
     })
     assert problems(root) == [
