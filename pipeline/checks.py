@@ -6,6 +6,9 @@
   parameters at their defaults and step properties and execution variables
   replaced by placeholder values of the right type, against botocore's Create*Job
   input shape (including the ``max``/``pattern``/``enum`` rules botocore's validator skips).
+* ``check_console_texts``: each step's DisplayName and Description (what Studio shows)
+  within the published schema's and botocore's limits; ``check_pipeline_description``
+  the same for CreatePipeline's PipelineDescription.
 * ``check_references``: every ``Get`` names a declared parameter, a known
   execution variable, or a field of the named step's Describe*Job output that
   the step declares (an output, a channel, a property file).
@@ -66,8 +69,45 @@ _SCALARS = ("string", "integer", "long", "float", "double", "boolean", "timestam
 
 
 def problems(definition: dict[str, Any]) -> list[str]:
-    """Everything the three checks find."""
-    return check_parameters(definition) + check_references(definition) + check_arguments(definition)
+    """Everything the checks of a definition find."""
+    return (check_parameters(definition) + check_references(definition) + check_arguments(definition)
+            + check_console_texts(definition))
+
+
+# --- what the console shows -------------------------------------------------------------------------------------
+
+# The published schema's rule for a step's DisplayName (its StepName definition: the characters of a step name);
+# tests/test_definition_checks.py holds this to the schema file. Its Description limit (4096) is looser than
+# botocore's StepDescription (3072), which is checked below.
+SCHEMA_DISPLAY_NAME = r"[A-Za-z0-9\-_]{1,64}"
+# botocore's shapes of the texts (what ListPipelineExecutionSteps returns them as): length and pattern.
+STEP_TEXT_SHAPES = {"DisplayName": "StepDisplayName", "Description": "StepDescription"}
+
+
+def check_console_texts(definition: dict[str, Any]) -> list[str]:
+    """Every step has a DisplayName and a Description, within the schema's and botocore's limits."""
+    found = []
+    for step in all_steps(definition):
+        name = step.get("Name")
+        for member, shape in STEP_TEXT_SHAPES.items():
+            if member not in step:
+                found.append(f"step {name}: no {member}; give the step one in pipeline/pipeline.py (STEP_TEXTS) "
+                             "so the console explains it [console]")
+                continue
+            found += [f"step {name}: {v.message} [{v.rule}]"
+                      for v in violations(service_model("sagemaker").shape_for(shape), step[member], member)]
+        display = step.get("DisplayName")
+        if isinstance(display, str) and not re.fullmatch(SCHEMA_DISPLAY_NAME, display):
+            found.append(f"step {name}: DisplayName {display!r} must be 1-64 letters, digits, '-' or '_' "
+                         "(the published schema's StepName) [pattern]")
+    return found
+
+
+def check_pipeline_description(description: str) -> list[str]:
+    """CreatePipeline's PipelineDescription against botocore's model (at most 3072 characters)."""
+    member = input_shape("sagemaker", "CreatePipeline").members["PipelineDescription"]
+    return [f"{v.message}; shorten pipeline.description in the config [{v.rule}]"
+            for v in violations(member, description, "PipelineDescription")]
 
 
 # --- parameters -----------------------------------------------------------------------------------------------
