@@ -81,7 +81,7 @@ class LocalExecution:
             self.values = parameter_values(self.definition, self.parameters)
         except ExpressionError as exc:
             raise ValueError(str(exc)) from None
-        self.env = Environment(
+        self.expressions = Environment(
             parameters=self.values,
             execution={"PipelineExecutionId": self.execution_id, "PipelineName": self.pipeline_name,
                        "PipelineExecutionArn": f"arn:local:pipeline-execution/{self.execution_id}"},
@@ -90,7 +90,7 @@ class LocalExecution:
 
     # expressions: pipeline/expressions.py evaluates them, over this execution's step records and S3
     def resolve(self, node: Any, where: str = "Arguments") -> Any:
-        return evaluate(node, self.env, where)
+        return evaluate(node, self.expressions, where)
 
     def _step_property(self, step: str, path: str) -> Any:
         rec = self.records.get(step)
@@ -239,7 +239,7 @@ class LocalExecution:
 
     def _condition(self, step: dict[str, Any], rec: StepRecord) -> list[dict[str, Any]]:
         args = step["Arguments"]
-        ok = all_hold(args["Conditions"], self.env, "Arguments.Conditions")
+        ok = all_hold(args["Conditions"], self.expressions, "Arguments.Conditions")
         rec.properties = {"Outcome": ok}
         rec.message = "true" if ok else "false"
         return args["IfSteps"] if ok else args["ElseSteps"]
