@@ -49,7 +49,7 @@ ConditionStep ``Conditions``                   true when every condition holds (
 ``LessThan`` ``LessThanOrEqualTo``
   a string, boolean or null operand            error naming both operands                      chosen (5)
 ``Equals``                                     numbers by value (1 == 1.0), strings and        chosen (6)
-                                               booleans by identity
+                                               booleans by equality
   operands of different kinds                  error naming both operands                      SDK local
 ``In`` {QueryValue, Values}                    some value Equals QueryValue; values of         doc (6)
                                                another kind never match
