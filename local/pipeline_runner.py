@@ -31,6 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.expressions import (
+    Environment,
+    ExpressionError,
+    all_hold,
+    evaluate,
+    parameter_values,
+    property_files,
+    walk,
+)
 from steps.platform.ownership import ENV_LOCAL_JOBS, ENV_PROCESSING_JOB, LocalJobs
 
 # What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh).
@@ -53,38 +62,6 @@ class StepRecord:
     properties: dict[str, Any] = field(default_factory=dict)
 
 
-# -- expressions --------------------------------------------------------------------
-_INDEX = re.compile(r"^(\w+)(?:\[['\"]?([^'\"\]]+)['\"]?\])?$")
-
-
-def _walk(obj: Any, path: str) -> Any:
-    """Follow a property path like ProcessingOutputConfig.Outputs['validated'].S3Output.S3Uri."""
-    for part in re.split(r"\.(?![^\[]*\])", path):
-        m = _INDEX.match(part)
-        if not m:
-            raise KeyError(f"cannot parse property path segment {part!r}")
-        key, index = m.groups()
-        obj = obj[key]
-        if index is not None:
-            if isinstance(obj, list):  # Outputs['name'] selects by name
-                matches = [o for o in obj if index in (o.get("OutputName"), o.get("ChannelName"), o.get("MetricName"))]
-                obj = matches[0] if matches else obj[int(index)]
-            else:
-                obj = obj[index]
-    return obj
-
-
-def _json_path(doc: Any, path: str) -> Any:
-    for part in path.split("."):
-        m = re.match(r"^(\w+)(?:\[(\d+)\])?$", part)
-        if not m:
-            raise KeyError(f"unsupported JsonGet path segment {part!r}")
-        doc = doc[m.group(1)]
-        if m.group(2) is not None:
-            doc = doc[int(m.group(2))]
-    return doc
-
-
 # -- the executor -------------------------------------------------------------------
 @dataclass
 class LocalExecution:
@@ -100,51 +77,37 @@ class LocalExecution:
     records: dict[str, StepRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        declared = {p["Name"]: p.get("DefaultValue") for p in self.definition.get("Parameters", [])}
-        unknown = set(self.parameters) - set(declared)
-        if unknown:
-            raise ValueError(f"unknown pipeline parameter(s): {', '.join(sorted(unknown))}")
-        self.values = {**declared, **self.parameters}
+        try:
+            self.values = parameter_values(self.definition, self.parameters)
+        except ExpressionError as exc:
+            raise ValueError(str(exc)) from None
+        self.expressions = Environment(
+            parameters=self.values,
+            execution={"PipelineExecutionId": self.execution_id, "PipelineName": self.pipeline_name,
+                       "PipelineExecutionArn": f"arn:local:pipeline-execution/{self.execution_id}"},
+            step_property=self._step_property, read_json=self._read_json,
+            property_files=property_files(self.definition))
 
-    # expressions
-    def resolve(self, expr: Any) -> Any:
-        if isinstance(expr, list):
-            return [self.resolve(e) for e in expr]
-        if not isinstance(expr, dict):
-            return expr
-        if set(expr) == {"Get"}:
-            return self._get(expr["Get"])
-        if set(expr) == {"Std:Join"}:
-            j = expr["Std:Join"]
-            return str(j["On"]).join(str(self.resolve(v)) for v in j["Values"])
-        if set(expr) == {"Std:JsonGet"}:
-            return self._json_get(expr["Std:JsonGet"])
-        return {k: self.resolve(v) for k, v in expr.items()}
+    # expressions: pipeline/expressions.py evaluates them, over this execution's step records and S3
+    def resolve(self, node: Any, where: str = "Arguments") -> Any:
+        return evaluate(node, self.expressions, where)
 
-    def _get(self, ref: str) -> Any:
-        head, _, rest = ref.partition(".")
-        if head == "Parameters":
-            return self.values[rest]
-        if head == "Execution":
-            return {"PipelineExecutionId": self.execution_id, "PipelineName": self.pipeline_name,
-                    "PipelineExecutionArn": f"arn:local:pipeline-execution/{self.execution_id}"}[rest]
-        if head == "Steps":
-            step, _, path = rest.partition(".")
-            rec = self.records.get(step)
-            if rec is None or rec.status != "Succeeded":
-                raise KeyError(f"{ref}: step {step} has not succeeded")
-            return _walk(rec.properties, path)
-        raise KeyError(f"unsupported reference {ref!r}")
+    def _step_property(self, step: str, path: str) -> Any:
+        rec = self.records.get(step)
+        if rec is None or rec.status != "Succeeded":
+            raise ExpressionError(f"step {step} has not succeeded")
+        return walk(rec.properties, path)
 
-    def _json_get(self, spec: dict[str, Any]) -> Any:
-        pf_ref = spec["PropertyFile"]["Get"] if isinstance(spec["PropertyFile"], dict) else spec["PropertyFile"]
-        _, step, _, name = pf_ref.split(".", 3)
-        rec = self.records[step]
-        pf = next(p for p in rec.properties["PropertyFiles"] if p["PropertyFileName"] == name)
-        uri = _walk(rec.properties, f"ProcessingOutputConfig.Outputs['{pf['OutputName']}'].S3Output.S3Uri")
-        bucket, key = _split(uri.rstrip("/") + "/" + pf["FilePath"])
-        doc = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        return _json_path(doc, spec["Path"])
+    def _read_json(self, uri: str) -> Any:
+        bucket, key = _split(uri)
+        try:
+            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except self.s3.exceptions.NoSuchKey:
+            raise ExpressionError(f"there is no file {uri}") from None
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise ExpressionError(f"{uri} is not JSON ({exc})") from None
 
     # running
     def run(self) -> None:
@@ -178,7 +141,10 @@ class LocalExecution:
         if runner is None:
             raise ValueError(f"step {rec.name}: type {step['Type']} is not supported by the local runner")
         try:
-            branch = runner(step, rec)
+            try:
+                branch = runner(step, rec)
+            except ExpressionError as exc:  # SageMaker fails the step whose expression has no value
+                raise PipelineFailed(rec.name, str(exc)) from None
         except PipelineFailed as exc:
             rec.status, rec.message = "Failed", exc.message
             self.on_status(rec)
@@ -221,7 +187,7 @@ class LocalExecution:
 
     def _processing(self, step: dict[str, Any], rec: StepRecord) -> None:
         args = self.resolve(step["Arguments"])
-        rec.properties = {**args, "PropertyFiles": step.get("PropertyFiles", [])}
+        rec.properties = args
         for inp in args.get("ProcessingInputs", []):
             s3in = inp["S3Input"]
             self._download(s3in["S3Uri"], self._container_path(rec, s3in["LocalPath"]))
@@ -273,21 +239,14 @@ class LocalExecution:
 
     def _condition(self, step: dict[str, Any], rec: StepRecord) -> list[dict[str, Any]]:
         args = step["Arguments"]
-        ok = all(self._holds(c) for c in args["Conditions"])
+        ok = all_hold(args["Conditions"], self.expressions, "Arguments.Conditions")
         rec.properties = {"Outcome": ok}
         rec.message = "true" if ok else "false"
         return args["IfSteps"] if ok else args["ElseSteps"]
 
-    def _holds(self, cond: dict[str, Any]) -> bool:
-        ops = {"GreaterThanOrEqualTo": lambda a, b: a >= b, "GreaterThan": lambda a, b: a > b,
-               "LessThanOrEqualTo": lambda a, b: a <= b, "LessThan": lambda a, b: a < b,
-               "Equals": lambda a, b: a == b}
-        if cond["Type"] not in ops:
-            raise ValueError(f"condition type {cond['Type']} is not supported by the local runner")
-        return ops[cond["Type"]](float(self.resolve(cond["LeftValue"])), float(self.resolve(cond["RightValue"])))
-
     def _fail(self, step: dict[str, Any], rec: StepRecord) -> None:
-        raise PipelineFailed(rec.name, str(self.resolve(step["Arguments"].get("ErrorMessage", ""))))
+        message = self.resolve(step["Arguments"].get("ErrorMessage", ""), "Arguments.ErrorMessage")
+        raise PipelineFailed(rec.name, str(message))
 
     # S3 transfer
     def _download(self, uri: str, local: Path) -> None:

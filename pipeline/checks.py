@@ -1,10 +1,14 @@
 """The pipeline definition checked offline against what SageMaker checks when it runs it.
 
 * ``check_parameters``: each parameter's default has its declared Type.
-* ``check_arguments``: each job step's ``Arguments``, with parameters at their
-  defaults and step properties and execution variables replaced by placeholder
-  values of the right type, against botocore's Create*Job input shape
-  (including the ``max``/``pattern``/``enum`` rules botocore's validator skips).
+* ``check_arguments``: each job step's ``Arguments``, evaluated by the one
+  interpreter (pipeline/expressions.py, as the local run evaluates them) with
+  parameters at their defaults and step properties and execution variables
+  replaced by placeholder values of the right type, against botocore's Create*Job
+  input shape (including the ``max``/``pattern``/``enum`` rules botocore's validator skips).
+* ``check_console_texts``: each step's DisplayName and Description (what Studio shows)
+  within the published schema's and botocore's limits; ``check_pipeline_description``
+  the same for CreatePipeline's PipelineDescription.
 * ``check_references``: every ``Get`` names a declared parameter, a known
   execution variable, or a field of the named step's Describe*Job output that
   the step declares (an output, a channel, a property file).
@@ -19,6 +23,15 @@ from typing import Any, Iterator
 from botocore.model import ListShape, MapShape, Shape, StructureShape
 
 from pipeline.config import PLACEHOLDER
+from pipeline.expressions import (
+    Environment,
+    ExpressionError,
+    all_steps,
+    evaluate,
+    parameter_values,
+    parse_path,
+    property_files,
+)
 from pipeline.shapes import input_shape, service_model, violations
 
 # Step type -> the SageMaker operations behind it: the request its Arguments are, the response its properties are.
@@ -52,22 +65,49 @@ PLACEHOLDER_VALUES = {"<ACCOUNT_ID>": "123456789012", "<BUCKET>": "example-bucke
                       "<MODEL_VERSION>": "1.0.0"}
 # A named index into a Describe list whose names the step declares elsewhere in its Arguments.
 DECLARED_ELSEWHERE = {"FinalMetricDataList": ("AlgorithmSpecification.MetricDefinitions", "Name")}
-_TOKEN = re.compile(r"\.?([A-Za-z0-9_]+)|\[(?:'([^']*)'|(\d+))\]")
 _SCALARS = ("string", "integer", "long", "float", "double", "boolean", "timestamp")
 
 
-def all_steps(definition: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every step, including the If/Else steps nested in Condition steps."""
-    for step in definition.get("Steps", []):
-        yield step
-        if step.get("Type") == "Condition":
-            yield from all_steps({"Steps": step["Arguments"].get("IfSteps", [])})
-            yield from all_steps({"Steps": step["Arguments"].get("ElseSteps", [])})
-
-
 def problems(definition: dict[str, Any]) -> list[str]:
-    """Everything the three checks find."""
-    return check_parameters(definition) + check_references(definition) + check_arguments(definition)
+    """Everything the checks of a definition find."""
+    return (check_parameters(definition) + check_references(definition) + check_arguments(definition)
+            + check_console_texts(definition))
+
+
+# --- what the console shows -------------------------------------------------------------------------------------
+
+# The published schema's rule for a step's DisplayName (its StepName definition: the characters of a step name);
+# tests/test_definition_checks.py holds this to the schema file. Its Description limit (4096) is looser than
+# botocore's StepDescription (3072), which is checked below.
+SCHEMA_DISPLAY_NAME = r"[A-Za-z0-9\-_]{1,64}"
+# botocore's shapes of the texts (what ListPipelineExecutionSteps returns them as): length and pattern.
+STEP_TEXT_SHAPES = {"DisplayName": "StepDisplayName", "Description": "StepDescription"}
+
+
+def check_console_texts(definition: dict[str, Any]) -> list[str]:
+    """Every step has a DisplayName and a Description, within the schema's and botocore's limits."""
+    found = []
+    for step in all_steps(definition):
+        name = step.get("Name")
+        for member, shape in STEP_TEXT_SHAPES.items():
+            if member not in step:
+                found.append(f"step {name}: no {member}; give the step one in pipeline/pipeline.py (STEP_TEXTS) "
+                             "so the console explains it [console]")
+                continue
+            found += [f"step {name}: {v.message} [{v.rule}]"
+                      for v in violations(service_model("sagemaker").shape_for(shape), step[member], member)]
+        display = step.get("DisplayName")
+        if isinstance(display, str) and not re.fullmatch(SCHEMA_DISPLAY_NAME, display):
+            found.append(f"step {name}: DisplayName {display!r} must be 1-64 letters, digits, '-' or '_' "
+                         "(the published schema's StepName) [pattern]")
+    return found
+
+
+def check_pipeline_description(description: str) -> list[str]:
+    """CreatePipeline's PipelineDescription against botocore's model (at most 3072 characters)."""
+    member = input_shape("sagemaker", "CreatePipeline").members["PipelineDescription"]
+    return [f"{v.message}; shorten pipeline.description in the config [{v.rule}]"
+            for v in violations(member, description, "PipelineDescription")]
 
 
 # --- parameters -----------------------------------------------------------------------------------------------
@@ -118,18 +158,20 @@ def _step_property(step: dict[str, Any], path: str) -> tuple[Shape | None, str |
     """
     shape: Shape = _describe_shape(step["Type"])
     declared: Any = step.get("Arguments")  # the same path in the step's own request, where it declares names
-    tokens = list(_TOKEN.finditer(path))
-    if not path or "".join(m.group() for m in tokens) != path:
-        return None, f"cannot parse the property path {path!r}"
+    try:
+        tokens = parse_path(path)
+    except ExpressionError as exc:
+        return None, str(exc)
     done = ""
-    for m in tokens:
-        member, key, index = m.groups()
-        if member is not None:
+    for kind, value in tokens:
+        if kind == "field":
+            member = str(value)
             if not isinstance(shape, StructureShape) or member not in shape.members:
                 return None, f"{shape.name} has no field {member!r} (after {done or 'the response'})"
             shape, declared = shape.members[member], declared.get(member) if isinstance(declared, dict) else None
             done = f"{done}.{member}" if done else member
             continue
+        key, index = (str(value), None) if kind == "key" else (None, str(value))
         problem, shape, declared = _index(step, shape, declared, done, key, index)
         if problem:
             return None, problem
@@ -237,59 +279,48 @@ def _placeholder(shape: Shape, step: str) -> Any:
             "timestamp": "2025-01-01T00:00:00Z"}[shape.type_name]
 
 
-def _text(value: Any) -> str:
-    """How Std:Join renders a value: JSON's spelling for booleans and null."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def _filled(node: Any) -> Any:
+    """``node`` with the example config's <PLACEHOLDER>s replaced by values of their shape."""
+    if isinstance(node, list):
+        return [_filled(v) for v in node]
+    if isinstance(node, dict):
+        return {k: _filled(v) for k, v in node.items()}
+    if not isinstance(node, str):
+        return node
+    return PLACEHOLDER.sub(lambda m: PLACEHOLDER_VALUES.get(m[0], "placeholder"), node)
 
 
-def _filled(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    return PLACEHOLDER.sub(lambda m: PLACEHOLDER_VALUES.get(m[0], "placeholder"), value)
-
-
-def resolve(node: Any, definition: dict[str, Any]) -> Any:
-    """``node`` with every expression replaced by the value it would have: parameter defaults, placeholders of
-    the right type for step properties and execution variables, and Std:Join joined over those."""
+def environment(definition: dict[str, Any]) -> Environment:
+    """What the checks evaluate expressions against (pipeline/expressions.py): parameters at their defaults
+    (a typed placeholder where there is none), a made-up execution's variables, each step property a
+    placeholder of its Describe field's type, and JsonGet unknown until run time."""
     steps = {s["Name"]: s for s in all_steps(definition)}
-    params = {name: _filled(default) for name, default in _defaults(definition).items()}
+    try:
+        params = parameter_values(definition, {
+            p["Name"]: TYPED_PLACEHOLDERS.get(p.get("Type"), "placeholder")
+            for p in definition.get("Parameters", []) if p.get("DefaultValue") is None})
+    except ExpressionError:  # a parameter of no known Type: check_parameters names it
+        params = _defaults(definition)
 
-    def get(expr: str) -> Any:
-        head, _, rest = expr.partition(".")
-        if head == "Parameters":
-            return params.get(rest, "placeholder")
-        if head == "Execution":
-            return EXECUTION_VARIABLES.get(rest, "placeholder")
-        name, _, path = rest.partition(".")
+    def step_property(name: str, path: str) -> Any:
         step = steps.get(name, {})
         if step.get("Type") not in JOB_OPERATIONS:
             return "placeholder"  # a broken reference: check_references names it
         shape, _ = _step_property(step, path)
         return _placeholder(shape, name) if shape is not None else "placeholder"
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        if not isinstance(value, dict):
-            return _filled(value)
-        if set(value) == {"Get"}:
-            return get(str(value["Get"]))
-        if set(value) == {"Std:Join"}:
-            join = value["Std:Join"]
-            return str(join.get("On", "")).join(_text(walk(v)) for v in join.get("Values", []))
-        if set(value) == {"Std:JsonGet"}:
-            return "placeholder"  # a value read from a JSON file at run time: only its reference is checkable
-        return {k: walk(v) for k, v in value.items()}
+    return Environment(parameters=_filled(params), execution=EXECUTION_VARIABLES, step_property=step_property,
+                       read_json=None, property_files=property_files(definition))
 
-    return walk(node)
+
+def resolve(node: Any, definition: dict[str, Any]) -> Any:
+    """``node`` with every expression replaced by the value it would have in :func:`environment`."""
+    return evaluate(_filled(node), environment(definition))
 
 
 def check_arguments(definition: dict[str, Any]) -> list[str]:
     found = []
+    env = environment(definition)
     for step in all_steps(definition):
         kind, name = step.get("Type"), step.get("Name")
         if kind in NO_JOB:
@@ -298,8 +329,15 @@ def check_arguments(definition: dict[str, Any]) -> list[str]:
             found.append(f"step {name}: type {kind!r} is not checked; add its Create/Describe operations to "
                          "JOB_OPERATIONS in pipeline/checks.py")
             continue
+        try:
+            arguments = evaluate(_filled(step.get("Arguments")), env, "Arguments")
+        except ExpressionError as exc:
+            # Mostly a broken reference, which check_references names with what is declared: say it once.
+            if not any(p.startswith(f"step {name}: ") for p in check_references(definition)):
+                found.append(f"step {name}: {exc} [expression]")
+            continue
         shape = input_shape("sagemaker", JOB_OPERATIONS[kind][0])
-        for v in violations(shape, resolve(step.get("Arguments"), definition)):
+        for v in violations(shape, arguments):
             if v.rule == "required" and v.path == PIPELINE_FILLED[kind]:
                 continue
             found.append(f"step {name}: Arguments.{v.message} [{v.rule}]")

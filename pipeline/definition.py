@@ -16,9 +16,10 @@ from typing import Any, Sequence
 import boto3
 
 from pipeline.aws import UserError, cli_main
-from pipeline.checks import problems
+from pipeline.checks import check_pipeline_description, problems
 from pipeline.config import load
 from steps.config import PipelineConfig, RunConfig
+from steps.config.parameters import PARAMETERS
 from steps.platform.versions import require_training_session_sdk
 
 # Any region works offline: nothing in the definition depends on it.
@@ -50,8 +51,19 @@ def _prepare_offline_env(region: str) -> None:
     os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
 
 
+def pipeline_description(cfg: PipelineConfig) -> str:
+    """CreatePipeline's PipelineDescription: the config's pipeline.description, the steps, and what each
+    parameter means (the one table, steps/config/parameters.py), so the console explains a run's settings."""
+    meanings = "; ".join(f"{p.name}: {p.meaning}" for p in PARAMETERS)
+    return (f"{cfg.description.rstrip('. ')}. ValidateData -> TrainDAPO -> EvaluateModel -> CheckAccuracy -> "
+            f"ApproveModel, or RecordRejection and AccuracyTooLow. Parameters: {meanings}.")
+
+
 def build_definition(cfg: PipelineConfig, run: RunConfig) -> dict[str, Any]:
     """The pipeline definition as a dict, built without touching AWS; refused if SageMaker would refuse it."""
+    # The description goes beside the definition (CreatePipeline's PipelineDescription): refused before the build.
+    if found := check_pipeline_description(pipeline_description(cfg)):
+        raise UserError("SageMaker would refuse this pipeline's description:\n  " + "\n  ".join(found))
     region = run.session.region or OFFLINE_REGION
     _prepare_offline_env(region)
     from pipeline.pipeline import get_pipeline, make_session  # needs the region set above

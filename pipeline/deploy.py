@@ -16,7 +16,7 @@ import boto3
 from pipeline import preflight
 from pipeline.aws import aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
 from pipeline.config import load
-from pipeline.definition import build_definition
+from pipeline.definition import build_definition, pipeline_description
 from steps.config import PipelineConfig, RunConfig
 from steps.platform.versions import require_training_session_sdk
 
@@ -27,7 +27,7 @@ def upsert(sm: Any, cfg: PipelineConfig, definition: str) -> tuple[str, str]:
         PipelineName=cfg.name,
         PipelineDefinition=definition,  # ~30 KB; the API takes up to 1 MB inline
         RoleArn=cfg.role_arn,
-        PipelineDescription=cfg.description,
+        PipelineDescription=pipeline_description(cfg),  # checked by build_definition
     )
     tags = [{"Key": k, "Value": v} for k, v in cfg.tags.items()]
     arn = existing_pipeline_arn(sm, cfg.name)

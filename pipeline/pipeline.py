@@ -125,6 +125,55 @@ JOB_RETRY_POLICIES = [
 ]
 
 
+# What the Studio console shows for each step (DisplayName, Description); the names themselves are the stable
+# interface. The published schema allows a DisplayName only of StepName's characters (letters, digits, - and _,
+# at most 64); pipeline/checks.py refuses one that breaks the schema's or botocore's limits.
+STEP_TEXTS: dict[str, tuple[str, str]] = {
+    "ValidateData": (
+        "Validate-GSM8K-data",
+        "Checks the GSM8K JSONL under TrainDataS3Uri and EvalDataS3Uri (each row a question and an answer ending "
+        "'#### N'), drops train questions that also appear in eval, renders every question with BaseModel's "
+        "tokenizer and chat template and drops one whose prompt plus max_tokens exceeds the model's context, and "
+        "needs at least BatchSize usable train rows. Writes the rows that pass (train.jsonl, eval.jsonl) and "
+        "validation.json; bad data fails this step, naming the file, row and fix, before anything is billed."),
+    "TrainDAPO": (
+        "Train-DAPO-LoRA-in-a-training-session",
+        "DAPO reinforcement learning of BaseModel's LoRA adapter on a SageMaker training session. Each optimizer "
+        "step samples GroupSize completions per prompt, keeps groups whose rewards differ until BatchSize are "
+        "filled (drawing at most MaxNumGenBatches generation batches), and updates with the PPO ratio clipped to "
+        "[ClipLowThreshold, ClipHighThreshold] at LearningRate, for MaxSteps steps. This job's small CPU "
+        "instance (TrainingInstanceType) drives the session, which holds the GPUs and is stopped on every exit. "
+        "Checkpoints go to S3, so a retry resumes; the model package goes to the configured group."),
+    "EvaluateModel": (
+        "Evaluate-greedy-accuracy",
+        "Greedy answers of the trained model package on the first EvalSize held-out questions, in a training "
+        "session of its own. Writes evaluation.json (strict and lenient accuracy, format error rate, optimizer "
+        "steps completed), which CheckAccuracy reads as the property file EvaluationReport."),
+    "CheckAccuracy": (
+        "Gate-on-accuracy-and-steps",
+        "True when the strict greedy accuracy (metrics.accuracy.value) is at least AccuracyThreshold and at least "
+        "one optimizer step completed (training.steps_completed; a run stopped before its first step evaluated "
+        "the base weights). True: ApproveModel. False: RecordRejection, then AccuracyTooLow."),
+    "ApproveModel": (
+        "Approve-model-package",
+        "Writes the evaluation figures, how training ended, the base model and this execution onto the trained "
+        "model package and sets it Approved."),
+    "RecordRejection": (
+        "Record-rejection-on-model-package",
+        "Writes the same figures onto the trained model package and sets it Rejected, saying why, before "
+        "AccuracyTooLow fails the execution."),
+    "AccuracyTooLow": (
+        "Fail-accuracy-too-low",
+        "Fails the execution with the accuracy, the AccuracyThreshold and the optimizer steps completed; the model "
+        "package already records why it was rejected."),
+}
+
+
+def _texts(name: str) -> dict[str, str]:
+    display_name, description = STEP_TEXTS[name]
+    return {"name": name, "display_name": display_name, "description": description}
+
+
 _PARAMETER_TYPES = {"String": ParameterString, "Integer": ParameterInteger, "Float": ParameterFloat}
 
 
@@ -266,7 +315,7 @@ def _validate_step(cfg: PipelineConfig, run: RunConfig, params: dict[str, Any],
             *length_check,
         ],
     )
-    return ProcessingStep(name="ValidateData", step_args=args, retry_policies=JOB_RETRY_POLICIES)
+    return ProcessingStep(**_texts("ValidateData"), step_args=args, retry_policies=JOB_RETRY_POLICIES)
 
 
 def _tracking_environment(cfg: PipelineConfig) -> dict[str, Any]:
@@ -320,7 +369,7 @@ def _train_step(
             *([InputData(channel_name="tokenizer", data_source=cfg.tokenizer_s3_uri)] if cfg.tokenizer_s3_uri else []),
         ]
     )
-    return TrainingStep(name="TrainDAPO", step_args=args, retry_policies=JOB_RETRY_POLICIES)
+    return TrainingStep(**_texts("TrainDAPO"), step_args=args, retry_policies=JOB_RETRY_POLICIES)
 
 
 def _evaluate_step(
@@ -345,7 +394,7 @@ def _evaluate_step(
         ],
     )
     return ProcessingStep(
-        name="EvaluateModel", step_args=args, property_files=[report], retry_policies=JOB_RETRY_POLICIES
+        **_texts("EvaluateModel"), step_args=args, property_files=[report], retry_policies=JOB_RETRY_POLICIES
     )
 
 
@@ -364,7 +413,7 @@ def _registry_step(
                    "--accuracy-threshold", params["AccuracyThreshold"].to_string(),
                    *(["--reject"] if reject else [])],
     )
-    return ProcessingStep(name=name, step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on)
+    return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on)
 
 
 def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSession | None = None) -> Pipeline:
@@ -391,7 +440,7 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
     approve = _registry_step("ApproveModel", cfg, params, model, evaluation, session)
     rejection = _registry_step("RecordRejection", cfg, params, model, evaluation, session, reject=True)
     too_low = FailStep(
-        name="AccuracyTooLow",
+        **_texts("AccuracyTooLow"),
         error_message=Join(
             on="",
             values=["Not approved: accuracy ", accuracy, " against the AccuracyThreshold ", params["AccuracyThreshold"],
@@ -401,7 +450,7 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
         depends_on=[rejection],  # the rejection is on the package before the execution fails
     )
     check = ConditionStep(
-        name="CheckAccuracy",
+        **_texts("CheckAccuracy"),
         conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=params["AccuracyThreshold"]),
                     ConditionGreaterThanOrEqualTo(left=steps_completed, right=1)],
         if_steps=[approve],

@@ -17,11 +17,21 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from pipeline.checks import all_steps, check_arguments, check_parameters, check_references
+from pipeline.checks import (
+    SCHEMA_DISPLAY_NAME,
+    all_steps,
+    check_arguments,
+    check_console_texts,
+    check_parameters,
+    check_pipeline_description,
+    check_references,
+)
 from pipeline.config import load
-from pipeline.definition import build_definition, main
-from pipeline.shapes import service_model
+from pipeline.definition import build_definition, main, pipeline_description
+from pipeline.pipeline import STEP_TEXTS
+from pipeline.shapes import input_shape, service_model
 from steps.config import load_yaml
+from steps.config.parameters import PARAMETERS
 from tests.test_network import build_with, network_build
 from tests.test_pipeline_definition import EXAMPLE, LOCAL, local_build
 
@@ -225,6 +235,7 @@ def test_definition_passes_the_model_checks(build: Callable[[], dict[str, Any]])
     assert check_parameters(definition) == []
     assert check_arguments(definition) == []
     assert check_references(definition) == []
+    assert check_console_texts(definition) == []
 
 
 def broken(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
@@ -350,3 +361,73 @@ def test_the_cli_refuses_a_definition_sagemaker_would_refuse(tmp_path: Path, cap
     assert "step ValidateData: Arguments.ProcessingResources.ClusterConfig.InstanceType: 'ml.bogus.large'" in err
     assert not out.exists()
 
+
+
+# --- what the console shows: every step's DisplayName and Description, the pipeline's description ------------
+
+
+def test_every_step_explains_itself_under_its_unchanged_name() -> None:
+    steps = {s["Name"]: s for s in all_steps(local_build()["definition"])}
+    assert list(steps) == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel",
+                           "RecordRejection", "AccuracyTooLow"]
+    assert {name: (s["DisplayName"], s["Description"]) for name, s in steps.items()} == STEP_TEXTS
+    # Each description names the parameters its step reads, by the names the console lists.
+    for name, needed in {"ValidateData": ("TrainDataS3Uri", "EvalDataS3Uri", "BaseModel", "BatchSize"),
+                         "TrainDAPO": ("BatchSize", "GroupSize", "MaxSteps", "LearningRate", "MaxNumGenBatches",
+                                       "ClipLowThreshold", "ClipHighThreshold", "TrainingInstanceType"),
+                         "EvaluateModel": ("EvalSize",), "CheckAccuracy": ("AccuracyThreshold",)}.items():
+        assert all(p in steps[name]["Description"] for p in needed), name
+
+
+def test_console_limits_are_the_schemas_and_botocores() -> None:
+    """The DisplayName rule is the published schema's StepName; botocore's StepDescription (3072) is tighter than
+    the schema's Description (4096), so the check of botocore's shape is the one that binds."""
+    defs = published_schema()["definitions"]
+    assert defs["ProcessingStep"]["properties"]["DisplayName"] == {"$ref": "#/definitions/StepName"}
+    assert defs["StepName"]["pattern"] == f"^{SCHEMA_DISPLAY_NAME}$"
+    assert defs["ProcessingStep"]["properties"]["Description"] == {"$ref": "#/definitions/ParameterDescription"}
+    botocore_max = service_model("sagemaker").shape_for("StepDescription").metadata["max"]
+    assert botocore_max == 3072 < defs["ParameterDescription"]["maxLength"]
+
+
+@pytest.mark.parametrize(("change", "fragments"), [
+    (lambda s: s.update(DisplayName="Validate data"),
+     ["step ValidateData: DisplayName 'Validate data' must be 1-64 letters, digits, '-' or '_'", "[pattern]"]),
+    (lambda s: s.update(DisplayName="V" * 65), ["must be 1-64 letters, digits"]),
+    (lambda s: s.update(Description="d" * 3073),
+     ["step ValidateData: Description: 'dddd", "has 3073 characters, outside the allowed [0, 3072] (StepDescription)",
+      "[length]"]),
+    (lambda s: s.pop("Description"), ["step ValidateData: no Description; give the step one", "[console]"]),
+])
+def test_a_console_text_that_breaks_the_limits_is_refused(change: Callable[[dict[str, Any]], Any],
+                                                         fragments: list[str]) -> None:
+    only(check_console_texts(broken(lambda d: change(step(d, "ValidateData")))), *fragments)
+
+
+def test_the_schema_refuses_the_display_name_the_check_refuses() -> None:
+    definition = broken(lambda d: step(d, "ValidateData").update(DisplayName="Validate data"))
+    assert "$.Steps[0].DisplayName: 'Validate data' does not match '^[A-Za-z0-9\\\\-_]{1,64}$'" in schema_problems(
+        definition, patched_schema())
+
+
+def test_pipeline_description_names_each_parameter_and_its_meaning() -> None:
+    cfg = load(LOCAL)[0]
+    text = pipeline_description(cfg)
+    assert text.startswith(cfg.description + ". ValidateData -> TrainDAPO")
+    assert all(f"{p.name}: {p.meaning}" in text for p in PARAMETERS)
+    assert check_pipeline_description(text) == []
+    limit = input_shape("sagemaker", "CreatePipeline").members["PipelineDescription"].metadata["max"]
+    assert len(text) <= limit == 3072
+
+
+def test_the_cli_refuses_a_description_too_long_before_building(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    raw = load_yaml(LOCAL)
+    raw["pipeline"]["description"] = "x" * 3000
+    config, out = tmp_path / "long.yaml", tmp_path / "p.json"
+    config.write_text(json.dumps(raw))
+    assert main(["--config", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: SageMaker would refuse this pipeline's description:\n  PipelineDescription: ")
+    assert "characters, outside the allowed [0, 3072] (PipelineDescription); shorten pipeline.description" in err
+    assert not out.exists()

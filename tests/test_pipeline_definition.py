@@ -19,6 +19,7 @@ from sagemaker.core.config.config_schema import TELEMETRY_OPT_OUT_PATH
 
 from pipeline.config import find_placeholders, load
 from pipeline.definition import OfflineViolation, main, offline_boto_session
+from pipeline.expressions import Environment, ExpressionError, evaluate, parameter_values
 from pipeline.pipeline import make_session
 from steps.config import ConfigError, apply_overrides, config_from_dict, load_yaml, to_dict
 from steps.config.parameters import HYPERPARAMETERS
@@ -238,6 +239,10 @@ def test_checkpoints_survive_a_retry(definition):
     ]
 
 
+def _no_step_properties(step: str, path: str) -> Any:
+    raise ExpressionError(f"hyperparameters read no step property, but one reads Steps.{step}.{path}")
+
+
 def test_hyperparameters_carry_the_whole_config(definition, built):
     hps = step(definition, "TrainDAPO")["Arguments"]["HyperParameters"]
     for key in ("batch_size", "group_size", "max_steps", "learning_rate", "max_num_gen_batches",
@@ -247,11 +252,9 @@ def test_hyperparameters_carry_the_whole_config(definition, built):
         assert key in hps, key
     for name, key in HYPERPARAMETERS.items():
         assert gets(hps[key]) == {f"Parameters.{name}"}, key
-    # What steps.train does with them: resolve each parameter to its default as a
-    # string (SageMaker's job) and apply the flat map onto an empty config.
-    defaults = {p["Name"]: p["DefaultValue"] for p in definition["Parameters"]}
-    resolved = {k: (v if isinstance(v, str) else str(defaults[next(iter(gets(v))).split(".")[1]]))
-                for k, v in hps.items()}
+    # What steps.train does with them: each parameter at its default, joined to a string (SageMaker's
+    # job, done by the one interpreter), and the flat map applied onto an empty config.
+    resolved = evaluate(hps, Environment(parameter_values(definition, {}), {}, step_property=_no_step_properties))
     run = config_from_dict(apply_overrides({}, resolved, "hyperparameters"), source="hyperparameters")
     assert to_dict(run) == to_dict(built["run"])
 

@@ -18,6 +18,7 @@ from pipeline import start as start_cmd
 from pipeline.aws import UserError
 from pipeline.config import load
 from pipeline.data import jsonl_destination, parquet_rows, upload_jsonl
+from pipeline.definition import pipeline_description
 from pipeline.start import wait_for_execution
 from steps.config import ConfigError
 from tests.test_preflight import (
@@ -102,7 +103,8 @@ def test_deploy_sends_the_offline_definition_with_role_description_and_tags(depl
     assert definition["Version"] == "2020-12-01"
     assert [s["Name"] for s in definition["Steps"]] == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy"]
     assert described["RoleArn"] == cfg.role_arn
-    assert described["PipelineDescription"] == cfg.description
+    assert described["PipelineDescription"] == pipeline_description(cfg)
+    assert described["PipelineDescription"].startswith(cfg.description)
     assert {t["Key"]: t["Value"] for t in deployed["tags"]} == {"project": "dapo", "owner": "ml"}
 
 
