@@ -178,6 +178,46 @@ def test_saved_weights_and_state_round_trip(service_client):
             assert completion_logprob(fresh_adam.create_sampling_client(), completion) != after
 
 
+def test_the_session_bills_the_tokens_a_run_sent_and_received(service_client, local_service):
+    """DescribeTrainingSession's BillableTokenUsage, as botocore's model shapes it, counts as the service bills:
+    each request's prompt prefilled once (a sample of 3, and a compute_logprobs), the tokens generated, and the
+    datum tokens of every forward and forward_backward; an optim_step bills none."""
+    tokens, inputs = ce_datum()
+    with service_client.create_lora_training_client(base_model=BASE_MODEL_ARN) as tc:
+        sampler = tc.create_sampling_client()
+        sampled = sampler.sample(PROMPT, 3, SAMPLING).result()
+        sampler.compute_logprobs(PROMPT).result()
+        out = tc.forward_backward([tokens], "cross_entropy", loss_fn_inputs=inputs).result()
+        tc.forward([tokens], "cross_entropy", loss_fn_inputs=inputs).result()
+        tc.optim_step({"learning_rate": 0.01}).result()
+        name = tc.training_session_name
+    detail = control_client(local_service.url).describe_training_session(TrainingSessionName=name)
+    assert detail["TrainingSessionDetail"]["BillableTokenUsage"] == {
+        "PrefillTokenCount": 2 * len(PROMPT), "SampleTokenCount": sum(len(s.tokens) for s in sampled.sequences),
+        "TrainingTokenCount": 2 * len(tokens)}
+    # The SDK keeps a pass's raw result, ForwardBackwardResult's tokenUsage included (it has no accessor for it).
+    assert out._sub_result("forwardBackward")["tokenUsage"] == {"trainingTokens": len(tokens)}
+
+
+def test_each_result_carries_its_token_usage_where_the_runtime_model_puts_it(local_service):
+    """botocore parses only the members its model declares: GetTrainingOperationResult's and
+    ForwardBackwardResult's TrainingTokenUsage, each SampledSequence's SampleTokenUsage."""
+    name, rt = raw_session(local_service.url), runtime_client(local_service.url)
+    tokens, _ = ce_datum()
+    op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=1, operationConfig=ce_config())
+    trained = rt.get_training_operation_result(trainingSessionName=name, operationId=op["operationId"])
+    assert trained["tokenUsage"] == trained["operationResult"]["forwardBackward"]["tokenUsage"] == \
+        {"trainingTokens": len(tokens)}
+    op = rt.execute_sampling_operation(trainingSessionName=name, operationConfig={"sample": {
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}, "numSamples": 2,
+        "samplingParams": {"maxTokens": 512, "seed": 3}}})
+    sequences = rt.get_sampling_operation_result(trainingSessionName=name, operationId=op["operationId"])[
+        "operationResult"]["sample"]["sequences"]
+    assert [s["tokenUsage"] for s in sequences] == [{"prefill": len(PROMPT), "decode": len(s["tokens"])}
+                                                    for s in sequences]
+    control_client(local_service.url).stop_training_session(TrainingSessionName=name)
+
+
 def test_model_packages_are_listed_newest_first_and_can_be_approved(service_client, local_service):
     group = group_arn(f"listing-{uuid.uuid4().hex[:8]}")  # this test's own, so the listing is exact
     with service_client.create_lora_training_client(base_model=BASE_MODEL_ARN, model_package_group_arn=group) as tc:
