@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.throughput import Throughput
 from pipeline import start as start_cmd
 from pipeline.budget import describe, worst_case
+from pipeline.throughput import Throughput
 from steps.config import DapoConfig, load_config
 from tests import test_pipeline_deploy as deploy_tests
 from tests.test_pipeline_definition import ROOT

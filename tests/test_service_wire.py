@@ -370,6 +370,18 @@ def test_duplicate_client_token_is_the_same_operation(local_service):
     control_client(local_service.url).stop_training_session(TrainingSessionName=name)
 
 
+@pytest.mark.parametrize("token", ["a b", "tok_1", "!!!"])
+def test_a_client_token_breaking_its_pattern_is_refused_before_any_lookup(local_service, token):
+    """ClientToken is [a-zA-Z0-9-]+, matched against the whole token as the API does: the request is invalid
+    whether or not its session exists (a token that merely contained a match used to reach the lookup: 404)."""
+    with pytest.raises(ClientError) as excinfo:
+        runtime_client(local_service.url).execute_training_operation(
+            trainingSessionName="no-such-session", sequenceNumber=1, clientToken=token, operationConfig=ce_config())
+    assert (error_code(excinfo), excinfo.value.response["ResponseMetadata"]["HTTPStatusCode"]) == \
+        ("ValidationException", 400)
+    assert "clientToken" in str(excinfo.value)
+
+
 def test_operations_run_in_sequence_order_whatever_order_they_arrive_in(local_service):
     name, rt = raw_session(local_service.url), runtime_client(local_service.url)
     step = {"optimizerStep": {"adamParamsConfig": {"learningRate": 0.01}}}
@@ -524,10 +536,12 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     return proc.stdout.readline().strip()
 
 
-def test_cli_serves_until_sigterm_and_the_example_runs_against_it():
+def test_cli_serves_until_sigterm_and_the_example_runs_against_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGEMAKER_TRAINING_SESSION")}
-    proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--port", "0"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "training-session-service.log"  # where local/stack.py keeps the service's stderr
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--port", "0"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         line = _read_line(proc, timeout=30)
         assert line.startswith("listening on http://127.0.0.1:")
@@ -551,3 +565,10 @@ def test_cli_serves_until_sigterm_and_the_example_runs_against_it():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # What an operator needs, one line each, and no line per request (the example made dozens).
+    lines = log.read_text().splitlines()
+    name = body["sessions"][0]["name"]
+    for expected in (f"listening on {url}", f"session {name} created", f"session {name} stopped",
+                     "refused DescribeTrainingSession (session no-such-session): 400 ResourceNotFound"):
+        assert any(expected in line for line in lines), (expected, lines)
+    assert len(lines) < 10, lines

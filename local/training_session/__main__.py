@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"listening on {service.url}", flush=True)
-    log.info("listening on %s (faults: %s; cost model: %s)", service.url, _changed(faults), _changed(costs))
+    log.info("listening on %s (faults: %s; cost model: %s)", service.url, _changed(faults),
+             _changed(costs) if costs.enabled else "off")
     stop.wait()
     log.info("stopping: %d sessions", len(service.sessions()))
     service.stop()

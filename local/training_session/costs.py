@@ -22,8 +22,12 @@ GPUs have done it:
   pauses all decoding while it runs; otherwise they are separate, equal pools.
 
 Time is simulated, exactly, event by event (arrivals, prefill ends, sequence ends,
-training operations), not as sleeps inside the numpy work: the numpy work runs as fast
-as it can and its result waits for its simulated finish. Two clocks:
+training operations; events less than a microsecond apart are one), not as sleeps
+inside the numpy work: the numpy work runs as fast as it can and its result waits for
+its simulated finish. A wait sleeps until the earliest time its result could be done:
+the finish if nothing else arrives, which an arrival or a pause can only delay. So
+every wake-up moves simulated time on by at least a microsecond, and a request needs
+about one wake-up per arrival that delays it. Two clocks:
 
 * ``time_scale`` (the default clock): ``time_scale`` simulated seconds pass per
   wall-clock second, so the service feels like the real one at 1 and runs 100x faster
@@ -38,7 +42,8 @@ as it can and its result waits for its simulated finish. Two clocks:
 **Figures**: the product's own (:class:`pipeline.throughput.Throughput`, where each default
 is sourced): ``make start-pipeline`` prices a run's worst case with the same ones, and
 :class:`Costs` is those figures plus the simulation's own settings (on or off, the clock,
-shared GPUs).
+shared GPUs). The backend sees none of this: ``metering`` feeds each session's GPUs
+from the backend's hooks.
 
 Settable like the faults (``settings``): flags of ``python -m local.training_session``,
 ``LOCAL_TS_COST_*`` variables, ``POST /_admin/costs``. A session keeps the settings it
