@@ -6,6 +6,14 @@ skips what the service itself enforces: ``max``, ``pattern``, ``enum``, the
 checks all of it, straight from the model, so offline checks refuse what AWS
 would refuse.
 
+A pattern must match the **whole** value, as the AWS API checks it (its errors
+read "Member must satisfy regular expression pattern"): SageMaker refuses a job
+named ``my_job`` although ``[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}`` is found in it.
+botocore's JSON models carry the patterns without the ``^...$`` the API
+documentation shows, and Smithy reads a pattern unanchored, so a search would let
+through what the API refuses (a ``clientToken`` of ``"a b"`` would reach the session
+lookup and answer 404 instead of 400).
+
 Paths name members with dots, list items as ``[3]`` and map entries as
 ``['key']``. ``constraints()`` lists the declared rules reachable from a shape;
 its paths write any list item as ``[*]``, any map value as ``['*']`` and the map
@@ -119,7 +127,7 @@ def _translate(pattern: str) -> str:
 
 @functools.cache
 def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """A model pattern as a Python regex; use ``search``: Smithy patterns are not implicitly anchored."""
+    """A model pattern as a Python regex; use ``fullmatch``: the API matches a pattern against the whole value."""
     return re.compile(_translate(pattern))
 
 
@@ -215,7 +223,7 @@ def _string(shape: StringShape, value: Any, path: str) -> list[Violation]:
         found += _v(path, "enum", f"{_short(value)} is not one of {shape.name}'s {len(shape.enum)} values "
                                   f"({', '.join(shape.enum[:8])}{', ...' if len(shape.enum) > 8 else ''})")
     pattern = shape.metadata.get("pattern")
-    if pattern and not compile_pattern(pattern).search(value):
+    if pattern and not compile_pattern(pattern).fullmatch(value):
         found += _v(path, "pattern", f"{_short(value)} does not match {shape.name}'s pattern /{pattern}/")
     return found
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from local.training_session.costs import Costs
 from pipeline import start as start_cmd
 from pipeline.budget import describe, worst_case
+from pipeline.throughput import Throughput
 from steps.config import DapoConfig, load_config
 from tests import test_pipeline_deploy as deploy_tests
 from tests.test_pipeline_definition import ROOT
@@ -26,8 +26,8 @@ def test_the_most_a_run_may_draw_is_steps_x_gen_batches_x_batch_x_group():
 def test_a_step_decodes_every_generation_batch_it_may_draw_at_the_cost_models_throughput():
     """Each added generation batch adds one batch's decoding: 256 sequences of 1024 tokens, more than the sampler's
     150 sequences at full speed, share its 6,000 tokens/s (the documented defaults)."""
-    costs = Costs()
-    assert (costs.decode_tokens_per_s, costs.capacity) == (6000.0, 150.0)
+    throughput = Throughput()
+    assert (throughput.decode_tokens_per_s, throughput.capacity) == (6000.0, 150.0)
     one, two = (worst_case(DapoConfig(max_num_gen_batches=n, max_tokens=1024)).step_seconds for n in (10, 11))
     assert two - one == pytest.approx(256 * 1024 / 6000)
     # Few sequences decode at one token per 25 ms each, whatever the throughput.

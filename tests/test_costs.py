@@ -21,8 +21,8 @@ SMALL = Costs(enabled=True, decode_tokens_per_s=100, token_latency_ms=100, prefi
 class Sim:
     """A session's simulated GPUs on a wall clock the test sets."""
 
-    def __init__(self, costs: Costs = SMALL) -> None:
-        self.wall = 1000.0
+    def __init__(self, costs: Costs = SMALL, wall: float = 1000.0) -> None:
+        self.wall = wall
         self.gpus = Gpus(costs, WallClock(costs.time_scale, lambda: self.wall))
 
     def now(self) -> float:
@@ -139,6 +139,37 @@ def test_jumping_from_earliest_finish_to_earliest_finish_ends_every_job():
             break
         sim.wall = min(sim.gpus._earliest_finish(j) for j in waiting)  # noqa: SLF001 - the bound the wait uses
     assert all(sim.gpus.done(j) for j in jobs)
+
+
+def jump_until_done(sim: Sim, jobs: list, limit: int) -> int | None:
+    """What virtual time does: jump the clock to the earliest time a waiting job could be done, until every job
+    is. The number of jumps, or None if ``limit`` jumps were not enough."""
+    for jumps in range(limit + 1):
+        waiting = [j for j in jobs if not sim.gpus.done(j)]
+        if not waiting:
+            return jumps
+        sim.wall = min(sim.gpus._earliest_finish(j) for j in waiting)  # noqa: SLF001 - the bound the wait uses
+    return None
+
+
+def test_a_crowded_decoder_never_stalls_the_clock():
+    """Issue 20's hang. 400 sequences share the decoder at 15 tokens/s each, where one alone gets 40. The bound a
+    wait slept until assumed 40, so each jump covered 3/8 of what was left (78 jumps for one request); and once one
+    rounding step of decode progress was left, ``progress + rate * dt`` no longer changed it, and the clock crept
+    on by a rounding step per jump for ever (here, after a session's first 1,000 tokens). The bound is now the
+    finish if nothing else arrives: one jump per request."""
+    sim = Sim(Costs(enabled=True), wall=0.0)  # the default figures: 150 sequences at full speed, 6,000 tokens/s
+    first = sim.gpus.sampling_arrives(0)
+    sim.gpus.sampled(first, [1000])  # alone: 25 s
+    assert jump_until_done(sim, [first], limit=5) == 1
+    short = sim.gpus.sampling_arrives(0)
+    sim.gpus.sampled(short, [100] * 8)
+    crowd = [sim.gpus.sampling_arrives(0) for _ in range(49)]
+    for job in crowd:
+        sim.gpus.sampled(job, [512] * 8)
+    assert jump_until_done(sim, [short], limit=100) == 1
+    assert sim.since_start(short.finish) == pytest.approx(25 + 100 / 15)  # 400 sharing: 15 tokens/s each
+    assert jump_until_done(sim, crowd, limit=100) == 1  # the 392 others end together
 
 
 def test_a_sample_whose_work_is_not_known_holds_back_what_finishes_after_its_arrival():

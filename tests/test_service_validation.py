@@ -43,7 +43,7 @@ NO_CHECKS = Config(parameter_validation=False, retries={"max_attempts": 0}, regi
 # -- a valid request holding every member ------------------------------------------------------
 # Strings tried, in order, for a string shape with no enum: the first its length and pattern accept.
 CANDIDATE_STRINGS = (
-    "abc", "1.0.0", "s3://bucket/key", "https://example.com/key", "sha256:" + "0" * 64,
+    "abc", "1.0.0", "s3://bucket/key", "https://example.com/key", "sha256:" + "0" * 64, "text/plain",
     "arn:aws:sagemaker:us-west-2:123456789012:model-package-group/group",
     "arn:aws:sagemaker:us-west-2:123456789012:model-package/group/1",
     "arn:aws:iam::123456789012:role/Role", "arn:aws:kms:us-west-2:123456789012:key/abc-123", BASE_MODEL_ARN,
@@ -156,11 +156,11 @@ def _bad_length(shape: Shape, good: Any, detail: str) -> Any:
     return {f"{next(iter(good))}{i}": next(iter(good.values())) for i in range(size)}
 
 
-def _bad_pattern(shape: Shape, pattern: str) -> str:
-    """A string the pattern does not match, as long as the length rule wants if one is; else the
-    empty string (a pattern such as ``[\\S\\s]+`` matches every other one)."""
+def _bad_pattern(shape: Shape, pattern: str) -> str | None:
+    """A string the pattern does not match (the API matches the whole value), as long as the length rule wants
+    if one is; else the empty string if the pattern refuses it (``[\\S\\s]+``); None if it takes all these."""
     size = max(shape.metadata.get("min", 1), 1)
-    return next((c * size for c in "!# " if not compile_pattern(pattern).search(c * size)), "")
+    return next((c for c in [c * size for c in "!# "] + [""] if not compile_pattern(pattern).fullmatch(c)), None)
 
 
 def _bad_value(constraint: Constraint, shape: Shape, good: Any) -> Any:
@@ -226,8 +226,9 @@ def unsendable(service: str, operation: str, constraint: Constraint) -> str | No
         return "the request has no body: its input is its path alone"
     if constraint.rule == "type" and constraint.path.endswith("{key}"):
         return "JSON object keys are always strings"
-    if constraint.rule == "pattern" and compile_pattern(constraint.detail).search(""):
-        return "the pattern matches the empty string, and patterns are not anchored: every string matches"
+    if constraint.rule == "pattern" and _bad_pattern(_shape_at(input_shape(service, operation),
+                                                               _steps(constraint.path)), constraint.detail) is None:
+        return "the pattern takes any string (such as .*): none breaks it"
     return None
 
 

@@ -178,6 +178,46 @@ def test_saved_weights_and_state_round_trip(service_client):
             assert completion_logprob(fresh_adam.create_sampling_client(), completion) != after
 
 
+def test_the_session_bills_the_tokens_a_run_sent_and_received(service_client, local_service):
+    """DescribeTrainingSession's BillableTokenUsage, as botocore's model shapes it, counts as the service bills:
+    each request's prompt prefilled once (a sample of 3, and a compute_logprobs), the tokens generated, and the
+    datum tokens of every forward and forward_backward; an optim_step bills none."""
+    tokens, inputs = ce_datum()
+    with service_client.create_lora_training_client(base_model=BASE_MODEL_ARN) as tc:
+        sampler = tc.create_sampling_client()
+        sampled = sampler.sample(PROMPT, 3, SAMPLING).result()
+        sampler.compute_logprobs(PROMPT).result()
+        out = tc.forward_backward([tokens], "cross_entropy", loss_fn_inputs=inputs).result()
+        tc.forward([tokens], "cross_entropy", loss_fn_inputs=inputs).result()
+        tc.optim_step({"learning_rate": 0.01}).result()
+        name = tc.training_session_name
+    detail = control_client(local_service.url).describe_training_session(TrainingSessionName=name)
+    assert detail["TrainingSessionDetail"]["BillableTokenUsage"] == {
+        "PrefillTokenCount": 2 * len(PROMPT), "SampleTokenCount": sum(len(s.tokens) for s in sampled.sequences),
+        "TrainingTokenCount": 2 * len(tokens)}
+    # The SDK keeps a pass's raw result, ForwardBackwardResult's tokenUsage included (it has no accessor for it).
+    assert out._sub_result("forwardBackward")["tokenUsage"] == {"trainingTokens": len(tokens)}
+
+
+def test_each_result_carries_its_token_usage_where_the_runtime_model_puts_it(local_service):
+    """botocore parses only the members its model declares: GetTrainingOperationResult's and
+    ForwardBackwardResult's TrainingTokenUsage, each SampledSequence's SampleTokenUsage."""
+    name, rt = raw_session(local_service.url), runtime_client(local_service.url)
+    tokens, _ = ce_datum()
+    op = rt.execute_training_operation(trainingSessionName=name, sequenceNumber=1, operationConfig=ce_config())
+    trained = rt.get_training_operation_result(trainingSessionName=name, operationId=op["operationId"])
+    assert trained["tokenUsage"] == trained["operationResult"]["forwardBackward"]["tokenUsage"] == \
+        {"trainingTokens": len(tokens)}
+    op = rt.execute_sampling_operation(trainingSessionName=name, operationConfig={"sample": {
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]}, "numSamples": 2,
+        "samplingParams": {"maxTokens": 512, "seed": 3}}})
+    sequences = rt.get_sampling_operation_result(trainingSessionName=name, operationId=op["operationId"])[
+        "operationResult"]["sample"]["sequences"]
+    assert [s["tokenUsage"] for s in sequences] == [{"prefill": len(PROMPT), "decode": len(s["tokens"])}
+                                                    for s in sequences]
+    control_client(local_service.url).stop_training_session(TrainingSessionName=name)
+
+
 def test_model_packages_are_listed_newest_first_and_can_be_approved(service_client, local_service):
     group = group_arn(f"listing-{uuid.uuid4().hex[:8]}")  # this test's own, so the listing is exact
     with service_client.create_lora_training_client(base_model=BASE_MODEL_ARN, model_package_group_arn=group) as tc:
@@ -328,6 +368,18 @@ def test_duplicate_client_token_is_the_same_operation(local_service):
     assert set(result["operationResult"]) == {"forwardBackward"}
     assert session_snapshot(local_service, name)["operations"] == 1
     control_client(local_service.url).stop_training_session(TrainingSessionName=name)
+
+
+@pytest.mark.parametrize("token", ["a b", "tok_1", "!!!"])
+def test_a_client_token_breaking_its_pattern_is_refused_before_any_lookup(local_service, token):
+    """ClientToken is [a-zA-Z0-9-]+, matched against the whole token as the API does: the request is invalid
+    whether or not its session exists (a token that merely contained a match used to reach the lookup: 404)."""
+    with pytest.raises(ClientError) as excinfo:
+        runtime_client(local_service.url).execute_training_operation(
+            trainingSessionName="no-such-session", sequenceNumber=1, clientToken=token, operationConfig=ce_config())
+    assert (error_code(excinfo), excinfo.value.response["ResponseMetadata"]["HTTPStatusCode"]) == \
+        ("ValidationException", 400)
+    assert "clientToken" in str(excinfo.value)
 
 
 def test_operations_run_in_sequence_order_whatever_order_they_arrive_in(local_service):
@@ -484,10 +536,12 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     return proc.stdout.readline().strip()
 
 
-def test_cli_serves_until_sigterm_and_the_example_runs_against_it():
+def test_cli_serves_until_sigterm_and_the_example_runs_against_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGEMAKER_TRAINING_SESSION")}
-    proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--port", "0"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "training-session-service.log"  # where local/stack.py keeps the service's stderr
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--port", "0"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         line = _read_line(proc, timeout=30)
         assert line.startswith("listening on http://127.0.0.1:")
@@ -511,3 +565,10 @@ def test_cli_serves_until_sigterm_and_the_example_runs_against_it():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # What an operator needs, one line each, and no line per request (the example made dozens).
+    lines = log.read_text().splitlines()
+    name = body["sessions"][0]["name"]
+    for expected in (f"listening on {url}", f"session {name} created", f"session {name} stopped",
+                     "refused DescribeTrainingSession (session no-such-session): 400 ResourceNotFound"):
+        assert any(expected in line for line in lines), (expected, lines)
+    assert len(lines) < 10, lines

@@ -110,16 +110,26 @@ def test_enum_names_the_value() -> None:
 
 
 def test_string_max_length_is_enforced() -> None:
-    v = only(violations(create_processing(), processing(ProcessingJobName="a" * 64)), "length", "ProcessingJobName")
-    assert "64 characters" in v.message and "[1, 63]" in v.message
+    v = only(violations(create_processing(), processing(Environment={"OK": "x" * 257})), "length",
+             "Environment['OK']")
+    assert "257 characters" in v.message and "[0, 256]" in v.message
+    # ProcessingJobName's pattern allows 63 characters too: a longer name breaks both rules.
+    too_long = violations(create_processing(), processing(ProcessingJobName="a" * 64))
+    assert {(v.rule, v.path) for v in too_long} == {("length", "ProcessingJobName"), ("pattern", "ProcessingJobName")}
 
 
-def test_pattern_is_searched_not_anchored() -> None:
-    # ProcessingJobName's pattern [a-zA-Z0-9](-*[a-zA-Z0-9]){0,62} is not anchored: "-x" contains a match.
-    assert violations(create_processing(), processing(ProcessingJobName="-x")) == []
-    only(violations(create_processing(), processing(ProcessingJobName="---")), "pattern", "ProcessingJobName")
+def test_pattern_matches_the_whole_value() -> None:
+    # ProcessingJobName's pattern [a-zA-Z0-9](-*[a-zA-Z0-9]){0,62} is found in "-x" and "my_job", but the API
+    # matches it against the whole value, as it refuses a job named my_job.
+    for name in ("-x", "my_job", "job-"):
+        only(violations(create_processing(), processing(ProcessingJobName=name)), "pattern", "ProcessingJobName")
+    assert violations(create_processing(), processing(ProcessingJobName="validate-data-2")) == []
     only(violations(create_processing(), processing(RoleArn="arn:aws:iam::12345:role/too-short-account")),
          "pattern", "RoleArn")
+    # The runtime's ClientToken [a-zA-Z0-9-]+: a uuid4 is one, a space or an underscore breaks it.
+    token = input_shape(RUNTIME, "ExecuteTrainingOperation").members["clientToken"]
+    assert violations(token, "0b3c9a62-5e3a-4f0e-9a51-8d7c2f1e4b6a") == []
+    assert [v.rule for v in violations(token, "a b")] == [v.rule for v in violations(token, "tok_1")] == ["pattern"]
 
 
 def test_list_items_and_map_entries_are_addressed() -> None:

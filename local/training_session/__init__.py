@@ -1,22 +1,33 @@
 """The local, wire-compatible training-session service, shaped like a moto backend.
 
-Where a request goes, in order:
+Where a request goes, in order (each module imports only those below it):
 
 - ``server``: HTTP transport and the routing tables (control plane by
   ``X-Amz-Target``, runtime by method and path from botocore's model, admin
-  routes); runtime submits pass through ``faults.throttled``;
-- ``responses``: wire handling and *all* request validation (botocore's
-  service model first, then the few rules the model cannot state), the handlers
-  of each operation, and the response and error shapes botocore parses;
-- ``models``: the backend's state and behaviour: sessions and their operations
-  (sequencing, idempotency, lifecycle), the model package registry, the request log;
-- ``faults``: fault injection wrapping that dispatch (throttled submits, failing
-  operations, a session that dies) and the service's latency;
-- ``costs``: the optional cost model: each session's simulated GPUs (processor-shared
-  decoding, a training queue, fixed save costs) and the clocks they run on; faults and
-  costs are both ``settings``, set by flags, ``LOCAL_TS_*`` variables or an admin route;
+  routes); it assembles the service: the backend, and the fault injector and the
+  cost model as the backend's hooks. A runtime submit may first be throttled by the
+  fault injector;
+- ``faults``: fault injection from outside the backend: throttled submits, failing
+  operations (it wraps each operation's run), a session that dies; and the
+  service's latency;
+- ``metering``: the cost model watching the backend from outside it: each costed
+  session's simulated GPUs (``costs``) see its operations arrive and run, and hold
+  each result back until its simulated time has passed;
+- ``responses``: the wire: parse, validate (botocore's service model first, then the
+  few rules the model cannot state), one backend call, and the response and error
+  shapes botocore parses;
+- ``models``: the backend's state and the operations' effects: the model package
+  registry, sessions and their operations (sequencing, idempotency, lifecycle, what
+  they bill), the work each operation does to the toy model, and the hooks through
+  which faults and costs plug in;
+- ``exceptions``: the errors answered on the wire;
+- ``costs``: the cost model's event simulation (processor-shared decoding, a training
+  queue, fixed save costs) and its clocks, at the product's own throughput figures
+  (``pipeline/throughput.py``); faults and costs are both ``settings``, set by flags,
+  ``LOCAL_TS_*`` variables or an admin route;
 - ``toy/``: the model behind it all, ``local-toy-arith``: tokenizer, policy,
   model maths, loss functions (one table of their rules), Adam.
 
-``python -m local.training_session`` (``__main__``) serves it on a port.
+``python -m local.training_session`` (``__main__``) serves it on a port and logs its
+lifecycle events, refusals and injected faults on stderr.
 """

@@ -9,11 +9,17 @@ Point the SDK at it with::
 
 Fault and cost-model flags override the ``LOCAL_TS_*`` environment variables (see
 ``faults.py`` and ``costs.py``).
+
+Logs what an operator needs on stderr at INFO, one line each: where it listens,
+each session created, stopped, failed or deleted, each operation that failed or
+request that was refused (with its error), each fault injected and each change of
+the fault or cost settings. No line per request.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import signal
 import sys
 import threading
@@ -40,7 +46,11 @@ def _settings(kind: type[Faults] | type[Costs], args: argparse.Namespace) -> Fau
     return kind.overridden(kind.from_env(), {f.name: getattr(args, f.name, None) for f in dataclasses.fields(kind)})
 
 
+log = logging.getLogger("local.training_session")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _log_to_stderr()
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -56,9 +66,25 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"listening on {service.url}", flush=True)
+    log.info("listening on %s (faults: %s; cost model: %s)", service.url, _changed(faults),
+             _changed(costs) if costs.enabled else "off")
     stop.wait()
+    log.info("stopping: %d sessions", len(service.sessions()))
     service.stop()
     return 0
+
+
+def _changed(settings: Faults | Costs) -> str:
+    """The settings that differ from the defaults, or "none"."""
+    default = type(settings)()
+    return ", ".join(f"{k}={v}" for k, v in settings.to_dict().items() if getattr(default, k) != v) or "none"
+
+
+def _log_to_stderr() -> None:
+    """One line per event, with a timestamp; the SDK's and botocore's own chatter stays at WARNING."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("local.training_session").setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,12 @@ GPUs have done it:
   pauses all decoding while it runs; otherwise they are separate, equal pools.
 
 Time is simulated, exactly, event by event (arrivals, prefill ends, sequence ends,
-training operations), not as sleeps inside the numpy work: the numpy work runs as fast
-as it can and its result waits for its simulated finish. Two clocks:
+training operations; events less than a microsecond apart are one), not as sleeps
+inside the numpy work: the numpy work runs as fast as it can and its result waits for
+its simulated finish. A wait sleeps until the earliest time its result could be done:
+the finish if nothing else arrives, which an arrival or a pause can only delay. So
+every wake-up moves simulated time on by at least a microsecond, and a request needs
+about one wake-up per arrival that delays it. Two clocks:
 
 * ``time_scale`` (the default clock): ``time_scale`` simulated seconds pass per
   wall-clock second, so the service feels like the real one at 1 and runs 100x faster
@@ -35,24 +39,11 @@ as it can and its result waits for its simulated finish. Two clocks:
   second of CPU per generation batch on this machine, which any time scale would turn
   into GPU idle time that the real service would not see.
 
-**Defaults**, for a 20-30B dense model with LoRA on a few H100s; what the comparisons
-depend on are the ratios between them (decode against training, a lone sequence against a
-full batch, a save against a step), not the absolute seconds:
-
-* decode: 25 ms per token for one sequence, 6,000 tokens/s shared (a batch capacity of 150
-  sequences). GPUStack's performance lab (docs.gpustack.ai, "Qwen3-32B on H100") measures
-  vLLM and TensorRT-LLM at 2,100-6,800 total tokens/s per H100 under high concurrency, with
-  mostly 43-290 ms per output token at that load; a lone sequence decodes in a few tens of ms.
-* prefill: 20,000 tokens/s: Tinker (tinker-docs.thinkingmachines.ai, models and pricing:
-  Qwen3.6-27B prefill $1.86, sample $5.60 per million tokens) and Prime Intellect
-  (docs.primeintellect.ai, hosted training: Qwen3.5-35B-A3B input $0.25, output $0.75) price
-  a prompt token at about a third of a generated one, and it batches far better.
-* training: 5,000 tokens/s forward+backward, on hardware the size of the sampler's: both
-  price a trained token at 1-1.3x a generated one (Prime Intellect: train $1.00 against
-  output $0.75; Tinker's small models: train = sample).
-* optim_step 1 s, save_weights_for_sampler 3 s (write a rank-32 adapter and load it into
-  the sampler), save_state 10 s (the adapter and its Adam moments to S3): no public
-  figures; orders of magnitude.
+**Figures**: the product's own (:class:`pipeline.throughput.Throughput`, where each default
+is sourced): ``make start-pipeline`` prices a run's worst case with the same ones, and
+:class:`Costs` is those figures plus the simulation's own settings (on or off, the clock,
+shared GPUs). The backend sees none of this: ``metering`` feeds each session's GPUs
+from the backend's hooks.
 
 Settable like the faults (``settings``): flags of ``python -m local.training_session``,
 ``LOCAL_TS_COST_*`` variables, ``POST /_admin/costs``. A session keeps the settings it
@@ -71,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from local.training_session.settings import Settings, require
+from pipeline.throughput import Throughput
 
 #: Each field's environment variable, flag of ``python -m local.training_session`` and help: the ways to set it.
 SETTINGS = {
@@ -93,24 +85,18 @@ SETTINGS = {
                     "simulated time passes only while every request waits on the simulated GPUs"),
 }
 ENV_VARS = {name: var for name, (var, _, _) in SETTINGS.items()}
-#: A forward pass without the backward costs about a third of forward_backward.
-FORWARD_SHARE = 1 / 3
 MIN_SLEEP_S = 0.0005
+#: The simulation tells events apart to a microsecond: far below any operation's cost, far above the rounding of
+#: the clock (see :func:`tick`).
+RESOLUTION_S = 1e-6
 
 
 @dataclass(frozen=True)
-class Costs(Settings):
-    """How long the service's GPUs take for each operation (see the module docstring)."""
+class Costs(Throughput, Settings):
+    """The product's throughput figures (:class:`Throughput`), and whether and how the service simulates them."""
 
     enabled: bool = False
     time_scale: float = 1.0
-    decode_tokens_per_s: float = 6000.0
-    token_latency_ms: float = 25.0
-    prefill_tokens_per_s: float = 20000.0
-    train_tokens_per_s: float = 5000.0
-    optim_step_s: float = 1.0
-    save_weights_s: float = 3.0
-    save_state_s: float = 10.0
     shared_gpus: bool = False
     virtual_time: bool = False
     KIND: ClassVar[str] = "cost"
@@ -119,50 +105,14 @@ class Costs(Settings):
     def __post_init__(self) -> None:
         for name in ("enabled", "shared_gpus", "virtual_time"):
             require("cost", isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        for name in ("time_scale", "decode_tokens_per_s", "token_latency_ms", "prefill_tokens_per_s",
-                     "train_tokens_per_s"):
-            value = getattr(self, name)
-            require("cost", _number(value) and value > 0, name, value, "a number > 0")
-        for name in ("optim_step_s", "save_weights_s", "save_state_s"):
-            value = getattr(self, name)
-            require("cost", _number(value) and value >= 0, name, value, "a number of seconds >= 0")
-
-    @property
-    def capacity(self) -> float:
-        """Sequences the sampler decodes at full per-token speed."""
-        return self.decode_tokens_per_s * self.token_latency_ms / 1000
-
-    def decode_rate(self, active: int) -> float:
-        """Tokens per second each of ``active`` sequences gets."""
-        return min(1000 / self.token_latency_ms, self.decode_tokens_per_s / max(active, 1))
-
-    def training_seconds(self, kind: str, tokens: int) -> float:
-        """Simulated seconds of one training operation (``kind``: the API's operationConfig member)."""
-        if kind in ("forwardBackward", "forward"):
-            share = 1.0 if kind == "forwardBackward" else FORWARD_SHARE
-            return share * tokens / self.train_tokens_per_s
-        fixed = {"optimizerStep": self.optim_step_s, "saveWeights": self.save_weights_s,
-                 "saveState": self.save_state_s, "loadState": self.save_state_s}
-        return fixed[kind]
+        self._require("time_scale", lambda v: v > 0, "a number > 0")
+        super().__post_init__()
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def model_input_tokens(model_input: Mapping[str, Any]) -> int:
-    """Tokens of a (validated) wire ModelInput."""
-    return sum(len(chunk.get("tokens") or ()) for chunk in model_input["chunks"])
-
-
-def request_tokens(kind: str, config: Mapping[str, Any]) -> int:
-    """Tokens the work of an operation is proportional to, from its (validated) operationConfig member:
-    datum tokens of a forward(_backward), prompt tokens of a sample or computeLogprobs, else 0."""
-    if kind in ("forwardBackward", "forward"):
-        return sum(model_input_tokens(d["modelInput"]) for d in config["datumList"])
-    if kind in ("sample", "computeLogprobs"):
-        return model_input_tokens(config["prompt"])
-    return 0
+def tick(t: float) -> float:
+    """The least simulated time between two events near ``t``: :data:`RESOLUTION_S`, or a few rounding steps of
+    ``t`` if the clock is so large that a microsecond is finer than its floats."""
+    return max(RESOLUTION_S, 8 * math.ulp(t))
 
 
 @dataclass(eq=False)
@@ -234,6 +184,7 @@ class VirtualClock:
         self._held = 0  # polls waiting for their operation
         self._wakeups: list[float] = []  # simulated times held polls wait for
         self._quiet_since = monotonic()  # the last submit (or other non-poll request) ended
+        self._jumps = 0  # times the clock jumped: the simulation's events as the waits see them
 
     def now(self) -> float:
         return self._now
@@ -269,7 +220,7 @@ class VirtualClock:
     def snapshot(self) -> dict[str, Any]:
         with self._cond:
             return {"now_s": self._now, "requests_working": self._active, "polls_waiting": self._held,
-                    "wakeups": len(self._wakeups)}
+                    "wakeups": len(self._wakeups), "jumps": self._jumps}
 
     def sleep_until(self, t: float, stopped: threading.Event, deadline: float) -> None:
         with self._cond:
@@ -282,6 +233,7 @@ class VirtualClock:
                     if self._active == 0 and self._held > 0 and quiet >= self.QUIET_S and \
                             min(self._wakeups) > self._now:
                         self._now = min(self._wakeups)
+                        self._jumps += 1
                         self._cond.notify_all()
                         if self._now >= t:
                             break
@@ -388,17 +340,34 @@ class Gpus:
         return False
 
     def _earliest_finish(self, job: Job) -> float | None:
-        """A simulated time before which ``job`` cannot be done (it may be later); None while its work is unknown."""
+        """A simulated time before which ``job`` cannot be done; None while its work is unknown.
+
+        A true lower bound, so a clock that jumps to it never passes the finish; and at least
+        one :func:`tick` after the committed time, so every jump moves time on."""
         if not job.known:
             return None
         if job.finish is not None:
             return job.finish
-        fastest = self.costs.token_latency_ms / 1000  # seconds per token at full speed
         if job.start is None:  # not decoding yet: its longest sequence at full speed from the decode start
-            bound = job.arrival + job.seconds + job.longest * fastest
+            bound = job.arrival + job.seconds + job.longest * self.costs.fastest_token_s
         else:
-            bound = self._t + (job.last_progress - self._progress) * fastest
-        return max(bound, math.nextafter(self._t, math.inf))  # unfinished: strictly after the committed time
+            bound = self._drain_time(job.last_progress)
+        return max(bound, self._t + tick(self._t))
+
+    def _drain_time(self, target: float) -> float:
+        """When decode progress reaches ``target`` if no sequence joins and decoding never pauses.
+
+        The sequences decoding now end one by one, each end raising the others' share. A join or
+        a pause only slows every sequence, so this never comes after the real time, and it is the
+        real time when neither comes (the same steps :meth:`_advance` takes)."""
+        t, progress = self._t, self._progress
+        ends = sorted(end for end, _, _ in self._decoding)
+        for i, end in enumerate(ends):
+            if end > target:
+                break
+            t += (end - progress) / self.costs.decode_rate(len(ends) - i)
+            progress = end
+        return t
 
     def _revealed(self, job: Job) -> None:
         lag = max(self.now() - job.finish, 0.0) if job.finish is not None else 0.0
@@ -411,9 +380,11 @@ class Gpus:
         """Commit every event up to ``until``, or up to the arrival of work not known yet.
 
         Each step jumps to the next event exactly (a join, a pause's start or end, the
-        first sequence to end), so the comparisons in :meth:`_settle` are exact and no
-        event is lost to rounding, however large the simulated clock grows; an event that
-        rounds to the committed time is processed at it.
+        first sequence to end), so the comparisons in :meth:`_settle` are exact however
+        large the simulated clock grows. A sequence due within one :func:`tick` of the
+        step's end ends at it: a float sum can fall short of an end by a rounding step
+        that no later step can add (``progress + rate * dt == progress``), and decoding
+        would never reach it.
         """
         horizon = min([until] + [j.arrival for j in self._pending])
         while True:
@@ -423,13 +394,14 @@ class Gpus:
             t_event = min(block_end if blocked else next_block, self._joining[0][0] if self._joining else math.inf)
             t_head = self._t + (self._decoding[0][0] - self._progress) / rate if rate else math.inf
             t_next = min(t_event, t_head, horizon)
+            head_ends = t_head <= t_next + tick(t_next)
             if rate:
                 dt = t_next - self._t
-                self._progress = self._decoding[0][0] if t_head <= t_next else self._progress + rate * dt
+                self._progress = self._decoding[0][0] if head_ends else self._progress + rate * dt
                 self.usage.sampler_busy_s += dt
                 self.usage.decoded_tokens += rate * dt * n
             self._t = max(t_next, self._t)
-            if min(t_event, t_head) > horizon:
+            if not head_ends and t_event > horizon:
                 return
             self._settle()
 

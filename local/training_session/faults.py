@@ -6,11 +6,13 @@ that dies part-way through a run. Every rate draws from one seeded RNG, so a
 run with a given seed and a single client sees the same faults every time
 (rates of 0.0 and 1.0 are deterministic regardless).
 
-Faults wrap the service's dispatch, they do not live in its state:
-:func:`throttled` wraps the dispatch of a runtime submit, and
-:meth:`FaultInjector.wrap` wraps every operation's runner (it may fail, and a
+Faults wrap the service from outside it, they do not live in its state: the
+server asks :meth:`FaultInjector.throttled` before it dispatches a runtime submit,
+and the injector is one of the backend's hooks (``models.Hooks``): its
+:meth:`~FaultInjector.wrap` wraps every operation's runner (it may fail, and a
 session dies once it has run enough). The latency setting is the service's
-timing, read by the operation scheduler in ``models``.
+timing, read by the operation scheduler in ``models``. Every fault injected is
+logged (logger ``local.training_session.faults``), one line each.
 
 Settable three ways, all validated the same (``settings``): CLI flags
 (``__main__``), environment variables (:data:`ENV_VARS`), and ``POST /_admin/faults``.
@@ -18,16 +20,20 @@ Settable three ways, all validated the same (``settings``): CLI flags
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
-from local.training_session import responses
-from local.training_session.models import Runner, ServiceError, Session, TrainingSessionBackend
+from local.training_session.exceptions import ServiceError
+from local.training_session.models import Hooks, Operation, Outcome, Runner, Session
+from local.training_session.responses import Request, Response, error_response
 from local.training_session.settings import Settings, require
+
+logger = logging.getLogger(__name__)
 
 #: Each field's environment variable, flag of ``python -m local.training_session`` and help: the ways to set it.
 SETTINGS = {
@@ -90,7 +96,7 @@ class Faults(Settings):
         require("fault", isinstance(self.seed, int), "seed", self.seed, "a whole number")
 
 
-class FaultInjector:
+class FaultInjector(Hooks):
     """Thread-safe fault decisions drawn from the current :class:`Faults`."""
 
     def __init__(self, faults: Faults | None = None) -> None:
@@ -121,6 +127,15 @@ class FaultInjector:
     def latency_s(self) -> float:
         return self._faults.latency_ms / 1000.0
 
+    def throttled(self, request: Request) -> Response | None:
+        """The 429 ThrottlingException a loaded service would answer this runtime submit with, or None to
+        dispatch it. The SDK retries it (the same path and body), at most ``throttle_limit`` times throttled."""
+        if not self.throttle(request.path + hashlib.sha256(request.raw).hexdigest()):
+            return None
+        logger.info("injected fault: %s %s throttled (429)", request.operation, request.path)
+        return error_response(request.service, ServiceError("ThrottlingException", "Rate exceeded (injected fault)",
+                                                            429))
+
     def throttle(self, request_key: str) -> bool:
         """Whether to answer this submit 429. ``request_key`` identifies a retry."""
         with self._lock:
@@ -133,20 +148,18 @@ class FaultInjector:
             self._injected["throttled"] += 1
             return True
 
-    def wrap(self, runner: Runner, training: bool) -> Runner:
+    def wrap(self, session: Session, op: Operation, runner: Runner) -> Runner:
         """``runner`` as the faults would run it: it may end Failed, and the session
         dies once it has run ``fail_session_after`` operations (this one counted)."""
 
-        def run(session: Session) -> dict[str, Any]:
+        def run(session: Session) -> Outcome:
             try:
-                if self._fail_operation(training):
+                if self._fail_operation(op.training):
+                    logger.info("injected fault: session %s: %s operation %s fails", session.name, op.kind, op.id)
                     raise ServiceError("InternalServerError", "injected operation failure")
                 return runner(session)
             finally:
-                ran = self._count_run(session)
-                limit = self._faults.fail_session_after
-                if limit is not None and ran >= limit:
-                    session.fail(f"injected fault: session failed after {ran} operations")
+                self._count_run(session)
         return run
 
     def _fail_operation(self, training: bool) -> bool:
@@ -159,22 +172,11 @@ class FaultInjector:
             self._injected["failed"] += fail
             return fail
 
-    def _count_run(self, session: Session) -> int:
+    def _count_run(self, session: Session) -> None:
+        """Count an operation run; the session dies once it has run ``fail_session_after``."""
         with self._lock:
-            self._ops_run[session] = self._ops_run.get(session, 0) + 1
-            return self._ops_run[session]
-
-
-Dispatch = Callable[[TrainingSessionBackend, responses.Request], responses.Response]
-
-
-def throttled(dispatch: Dispatch) -> Dispatch:
-    """``dispatch`` of a runtime submit that may first answer 429 ThrottlingException,
-    as a loaded service does; the SDK retries it (the same path and body)."""
-
-    def dispatch_or_throttle(backend: TrainingSessionBackend, request: responses.Request) -> responses.Response:
-        if backend.injector.throttle(request.path + hashlib.sha256(request.raw).hexdigest()):
-            return responses.error_response(request.service, ServiceError(
-                "ThrottlingException", "Rate exceeded (injected fault)", 429))
-        return dispatch(backend, request)
-    return dispatch_or_throttle
+            ran = self._ops_run[session] = self._ops_run.get(session, 0) + 1
+        limit = self._faults.fail_session_after
+        if limit is not None and ran >= limit and session.status == "Running":
+            logger.info("injected fault: session %s fails after %d operations", session.name, ran)
+            session.fail(f"injected fault: session failed after {ran} operations")

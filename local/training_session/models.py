@@ -1,14 +1,18 @@
-"""The backend of the local service: its state and behaviour, as moto's ``models.py``.
+"""The backend of the local service: its state and the operations' effects, as moto's ``models.py``.
 
-Knows nothing of HTTP or wire shapes, and validates no request (``responses``
-does, before calling here). Three parts:
+It knows nothing of HTTP. ``responses`` parses and validates every request before
+calling here, and shapes the answer: runtime results from the :class:`Outcome` an
+operation returns; the control plane's descriptions from the objects' ``describe()``,
+``summary()`` and ``detail()`` (moto's ``response_object``). Four parts:
 
 * the **model package registry**: groups, versions, their weights on disk and
   approval status; ``saveState`` / ``saveWeights`` register a version here, as
   the real service does in the session's group;
-* **sessions and their operations**: sequencing, idempotency, lifecycle. An
-  operation arrives as a :data:`Runner`, a closure ``responses`` built from the
-  request, which a session runs at the right time:
+* **the operations' work**: what each runtime operation does to a session and its
+  toy model (a :class:`Work` that ``responses`` builds from a validated request), what
+  it returns (an :class:`Outcome`) and what it bills (:class:`Billed`, the session's
+  ``BillableTokenUsage``);
+* **sessions and their operations**: sequencing, idempotency, lifecycle:
 
   - training operations run one at a time on the session's own worker thread,
     strictly in ``sequenceNumber`` order: an operation whose predecessor has not
@@ -17,11 +21,15 @@ does, before calling here). Three parts:
   - sampling operations run concurrently on a shared pool.
 
   Results are published the moment they exist, but a result is only *visible*
-  (``Completed``) once the service's latency has passed and, with the cost model
-  on (``costs``), once the session's simulated GPUs have done the work; see
+  (``Completed``) once the service's latency has passed and the hooks let it be
+  (the cost model: once the session's simulated GPUs have done the work); see
   :meth:`Session.wait`;
-* the :class:`TrainingSessionBackend` holding both, the fault injector that
-  wraps every runner it dispatches, and the :class:`RequestLog` of what was asked.
+* :class:`Hooks`, the seam where what wraps or observes the backend plugs in from
+  outside it: ``faults`` wraps each operation's run, ``metering`` (the cost model)
+  watches submits and runs and holds results back. Nothing here imports them; the
+  :class:`TrainingSessionBackend` holds the sessions, the registry and the hooks.
+
+Lifecycle events and failed operations are logged (logger ``local.training_session.models``).
 """
 from __future__ import annotations
 
@@ -36,35 +44,19 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from local.training_session.costs import Costs, Gpus, Job, VirtualClock, WallClock, request_tokens
-from local.training_session.toy.policy import Policy
+from local.training_session.exceptions import NotFound, ServiceError, invalid
+from local.training_session.toy.adam import AdamConfig
+from local.training_session.toy.policy import DatumArrays, Policy, SampledSeq
 from steps.platform import files
 
-if TYPE_CHECKING:  # faults wraps this module's runners, so it imports this module
-    from local.training_session.faults import FaultInjector
-
 logger = logging.getLogger(__name__)
-
-
-# -- errors ---------------------------------------------------------------------
-class ServiceError(Exception):
-    """An error answered on the wire: an error code, an HTTP status and a message."""
-
-    def __init__(self, code: str, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-
-def invalid(message: str) -> ServiceError:
-    return ServiceError("ValidationException", message, 400)
 
 
 # -- the model package registry -------------------------------------------------
@@ -296,6 +288,302 @@ class PackageRegistry:
                                                          self._last_version.get(package.group_name, 0))
 
 
+# -- the operations' work ---------------------------------------------------------
+@dataclass(frozen=True)
+class Billed:
+    """Tokens billed, as ``BillableTokenUsage`` counts them: prompt tokens prefilled (a request's prompt once,
+    however many samples share it; computeLogprobs too), tokens generated, and datum tokens trained (every
+    model-input token of a forward or forward_backward datum, prompt positions included)."""
+
+    prefill: int = 0
+    sample: int = 0
+    training: int = 0
+
+    def __add__(self, other: Billed) -> Billed:
+        return Billed(self.prefill + other.prefill, self.sample + other.sample, self.training + other.training)
+
+
+class Outcome:
+    """What an operation returns; ``responses`` shapes it into the operation's result."""
+
+    @property
+    def billed(self) -> Billed:
+        return Billed()
+
+
+@dataclass(frozen=True)
+class LossOutcome(Outcome):
+    """forward / forward_backward: metrics and per-datum loss outputs."""
+
+    metrics: Mapping[str, float]
+    outputs: list[dict[str, list[float]]]
+    tokens: int  # the datums' model-input tokens
+
+    @property
+    def billed(self) -> Billed:
+        return Billed(training=self.tokens)
+
+
+@dataclass(frozen=True)
+class Metrics(Outcome):
+    """optim_step's metrics."""
+
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Saved(Outcome):
+    model_package_arn: str
+
+
+@dataclass(frozen=True)
+class Done(Outcome):
+    """loadState / loadWeightsForSampling: nothing to return."""
+
+
+@dataclass(frozen=True)
+class Sampled(Outcome):
+    sequences: list[SampledSeq]
+    prompt_logprobs: list[float | None] | None
+    prompt_tokens: int
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s.tokens) for s in self.sequences]
+
+    @property
+    def billed(self) -> Billed:
+        return Billed(prefill=self.prompt_tokens, sample=sum(self.lengths))
+
+
+@dataclass(frozen=True)
+class Logprobs(Outcome):
+    logprobs: list[float | None]
+    prompt_tokens: int
+
+    @property
+    def billed(self) -> Billed:
+        return Billed(prefill=self.prompt_tokens)
+
+
+class Work:
+    """What one runtime operation does, built by ``responses`` from a request it has validated."""
+
+    kind: ClassVar[str]  # the operationConfig member (an instance field where one class does two kinds)
+    training: ClassVar[bool] = True
+
+    @property
+    def tokens(self) -> int:
+        """What its cost is proportional to: datum tokens of a forward(_backward), prompt tokens of a sample or
+        computeLogprobs; 0 for the rest."""
+        return 0
+
+    def check(self, registry: PackageRegistry) -> None:
+        """What must hold of the backend's state at submit: a model package it names exists."""
+
+    def run(self, session: Session) -> Outcome:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LossWork(Work):
+    kind: str  # type: ignore[misc]  # forward | forwardBackward
+    datums: tuple[DatumArrays, ...]
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(d.tokens) for d in self.datums)
+
+    def run(self, session: Session) -> Outcome:
+        policy = session.current_policy()
+        fn = policy.forward_backward if self.kind == "forwardBackward" else policy.forward
+        metrics, outputs = fn(list(self.datums), loss_fn=self.loss_fn, loss_fn_config=self.loss_fn_config)
+        return LossOutcome(metrics, outputs, self.tokens)
+
+
+@dataclass(frozen=True)
+class OptimWork(Work):
+    adam: AdamConfig
+    kind: ClassVar[str] = "optimizerStep"
+
+    def run(self, session: Session) -> Outcome:
+        return Metrics({k: float(v) for k, v in session.current_policy().optim_step(self.adam).items()})
+
+
+@dataclass(frozen=True)
+class SaveWork(Work):
+    kind: str  # type: ignore[misc]  # saveState: weights and Adam moments (a checkpoint); saveWeights: weights
+    description: str
+
+    def run(self, session: Session) -> Outcome:
+        checkpoint = self.kind == "saveState"
+        package = session.registry.add(
+            session.group, session.current_policy().state_dict(include_optimizer=checkpoint),
+            is_checkpoint=checkpoint, description=self.description, base_model=session.base_model,
+            session_name=session.name, s3_prefix=session.output_path)
+        return Saved(package.arn)
+
+
+@dataclass(frozen=True)
+class LoadWork(Work):
+    model_package_arn: str
+    with_optimizer: bool
+    kind: ClassVar[str] = "loadState"
+
+    def check(self, registry: PackageRegistry) -> None:
+        package = registry.get(self.model_package_arn)
+        if self.with_optimizer and not package.is_checkpoint:
+            raise invalid(f"operationConfig.loadState.modelPackageArn: {package.arn} holds sampler weights "
+                          "(saveWeights) and no optimizer state; load it with loadOptimizer false, or load a "
+                          "saveState checkpoint")
+
+    def run(self, session: Session) -> Outcome:
+        policy = Policy.from_state_dict(session.registry.weights(self.model_package_arn))
+        session.policy = policy if self.with_optimizer else policy.weights_copy()  # weights_copy: fresh Adam
+        return Done()
+
+
+def _sampler(session: Session, model_package_arn: str | None) -> Policy:
+    """Which weights a sampling operation reads: a saved package's, else the session's current ones."""
+    return session.registry.policy(model_package_arn) if model_package_arn else session.current_policy()
+
+
+def _require_package(registry: PackageRegistry, arn: str | None) -> None:
+    if arn:
+        registry.get(arn)  # checked at submit, not when the operation runs
+
+
+@dataclass(frozen=True)
+class SampleWork(Work):
+    prompt: tuple[int, ...]
+    num_samples: int
+    max_tokens: int
+    temperature: float | None = None
+    top_k: int | None = None  # None: no top-k (the API's -1)
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    model_package_arn: str | None = None
+    with_prompt_logprobs: bool = False
+    kind: ClassVar[str] = "sample"
+    training: ClassVar[bool] = False
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt)
+
+    def check(self, registry: PackageRegistry) -> None:
+        _require_package(registry, self.model_package_arn)
+
+    def run(self, session: Session) -> Outcome:
+        policy = _sampler(session, self.model_package_arn)
+        prompt = list(self.prompt)
+        seqs = policy.sample(prompt, self.num_samples, self.max_tokens, temperature=self.temperature,
+                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=list(self.stop) or None)
+        prompt_logprobs = policy.compute_logprobs(prompt) if self.with_prompt_logprobs else None
+        return Sampled(seqs, prompt_logprobs, len(prompt))
+
+
+@dataclass(frozen=True)
+class LogprobsWork(Work):
+    prompt: tuple[int, ...]
+    model_package_arn: str | None = None
+    kind: ClassVar[str] = "computeLogprobs"
+    training: ClassVar[bool] = False
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt)
+
+    def check(self, registry: PackageRegistry) -> None:
+        _require_package(registry, self.model_package_arn)
+
+    def run(self, session: Session) -> Outcome:
+        return Logprobs(_sampler(session, self.model_package_arn).compute_logprobs(list(self.prompt)),
+                        len(self.prompt))
+
+
+@dataclass(frozen=True)
+class LoadSamplerWork(Work):
+    model_package_arn: str
+    kind: ClassVar[str] = "loadWeightsForSampling"
+    training: ClassVar[bool] = False
+
+    def check(self, registry: PackageRegistry) -> None:
+        _require_package(registry, self.model_package_arn)
+
+    def run(self, session: Session) -> Outcome:
+        session.registry.policy(self.model_package_arn)  # build it now, so the first sample does not pay for it
+        return Done()
+
+
+# -- hooks: what wraps or observes the backend, from outside it ---------------------
+#: A Runner computes one operation's outcome against a session (a Work's ``run``, as the hooks wrap it).
+Runner = Callable[["Session"], Outcome]
+
+
+class Hooks:
+    """Called by a :class:`Session` at points of an operation's life; every default does nothing."""
+
+    def session_created(self, session: Session) -> None:
+        """A session was created, before any operation can reach it."""
+
+    def wrap(self, session: Session, op: Operation, runner: Runner) -> Runner:
+        """The runner as it will run (a fault injector may make it fail)."""
+        return runner
+
+    def submitted(self, session: Session, op: Operation, work: Work) -> None:
+        """A new operation was accepted; under the session's lock, before it can run."""
+
+    def ran(self, session: Session, op: Operation, outcome: Outcome | None) -> None:
+        """It ran (``outcome`` None: it failed or was skipped), before its result is published."""
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Around a result poll's wait for its operation."""
+        yield
+
+    def ready(self, session: Session, op: Operation, deadline: float, stopped: threading.Event) -> bool:
+        """Block until ``op``'s finished result may be shown (True), or the wall-clock ``deadline`` passes."""
+        return True
+
+
+class HookChain(Hooks):
+    """Several hooks, each called in turn (``wrap``: the first one wraps innermost)."""
+
+    def __init__(self, hooks: Sequence[Hooks] = ()) -> None:
+        self.hooks = tuple(hooks)
+
+    def session_created(self, session: Session) -> None:
+        for hook in self.hooks:
+            hook.session_created(session)
+
+    def wrap(self, session: Session, op: Operation, runner: Runner) -> Runner:
+        for hook in self.hooks:
+            runner = hook.wrap(session, op, runner)
+        return runner
+
+    def submitted(self, session: Session, op: Operation, work: Work) -> None:
+        for hook in self.hooks:
+            hook.submitted(session, op, work)
+
+    def ran(self, session: Session, op: Operation, outcome: Outcome | None) -> None:
+        for hook in self.hooks:
+            hook.ran(session, op, outcome)
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        with ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook.holding())
+            yield
+
+    def ready(self, session: Session, op: Operation, deadline: float, stopped: threading.Event) -> bool:
+        return all(hook.ready(session, op, deadline, stopped) for hook in self.hooks)
+
+
 # -- sessions and their operations ----------------------------------------------
 TERMINAL = frozenset({"Completed", "Failed", "Skipped"})
 #: How long operations may wait behind a sequence number that never arrives
@@ -303,8 +591,17 @@ TERMINAL = frozenset({"Completed", "Failed", "Skipped"})
 GAP_TIMEOUT_S = 30.0
 #: Longest a result poll is held waiting for its operation (botocore's read timeout is 60 s).
 POLL_HOLD_S = 20.0
-#: A Runner computes one operation's ``operationResult`` against a session.
-Runner = Callable[["Session"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class OperationState:
+    """What a result poll answers: the status, with the outcome once Completed or the error once it failed."""
+
+    kind: str
+    training: bool
+    status: str
+    outcome: Outcome | None = None
+    error: str | None = None
 
 
 class Operation:
@@ -319,47 +616,39 @@ class Operation:
         self.token = token
         self.fingerprint = fingerprint  # tells a retry from a different request reusing a token
         self.status = "Pending"
-        self.result: dict[str, Any] | None = None
+        self.outcome: Outcome | None = None
         self.error: str | None = None
         self.not_before = 0.0  # monotonic time before which a finished result still reads InProgress
-        self.cost: Job | None = None  # its work on the simulated GPUs, with the cost model on
         self.submitted = time.monotonic()
 
-    def view(self, now: float, simulated_done: bool = True) -> dict[str, Any]:
-        """Get*OperationResult body. ``operationResult`` only once Completed (botocore
-        rejects an empty union), ``errorDetails`` only on a failure."""
+    def state(self, now: float, ready: bool = True) -> OperationState:
+        """What a poll answers at ``now``: a finished operation reads InProgress until the service's latency has
+        passed and the hooks are ``ready`` to show it (the cost model: its simulated GPU time has passed)."""
         status = self.status
-        if status in TERMINAL and (now < self.not_before or not simulated_done):
-            status = "InProgress"  # the service's latency, or its simulated GPU time, not yet served
-        body: dict[str, Any] = {"status": status}
-        if status == "Completed":
-            body["operationResult"] = self.result
-        elif status in TERMINAL and self.error:
-            body["errorDetails"] = self.error
-        return body
+        if status in TERMINAL and (now < self.not_before or not ready):
+            status = "InProgress"
+        return OperationState(self.kind, self.training, status, self.outcome if status == "Completed" else None,
+                              self.error if status in TERMINAL else None)
 
 
 class Session:
-    """One training session: its policy, its operations and its status."""
+    """One training session: its policy, its operations, its status and what it billed."""
 
     def __init__(self, *, name: str, arn: str, group: PackageGroup, base_model: tuple[str, str],
-                 output_path: str, request: dict[str, Any], latency_s: Callable[[], float],
-                 pool: ThreadPoolExecutor, shutdown: threading.Event, gap_timeout_s: float = GAP_TIMEOUT_S,
-                 costs: Costs | None = None, virtual_clock: VirtualClock | None = None) -> None:
-        self.name, self.arn, self.group = name, arn, group
+                 output_path: str, request: dict[str, Any], registry: PackageRegistry,
+                 latency_s: Callable[[], float], pool: ThreadPoolExecutor, shutdown: threading.Event,
+                 gap_timeout_s: float = GAP_TIMEOUT_S, hooks: Hooks | None = None) -> None:
+        self.name, self.arn, self.group, self.registry = name, arn, group, registry
         self.base_model, self.output_path, self.request = base_model, output_path, request
         self._latency_s, self._pool, self._shutdown = latency_s, pool, shutdown
         self._gap_timeout_s = gap_timeout_s
-        # The session's own GPUs in simulated time, with the cost model on (it keeps the settings of its creation).
-        self._virtual_clock = virtual_clock or VirtualClock()  # counts this session's held polls either way
-        self.gpus = None
-        if costs is not None and costs.enabled:
-            self.gpus = Gpus(costs, self._virtual_clock if costs.virtual_time else WallClock(costs.time_scale))
+        self._hooks = hooks or Hooks()
         # Trained by the worker only; Policy lets samplers read it meanwhile.
         # None once the session has ended, which frees its arrays.
         self.policy: Policy | None = Policy.base()
         self.status = "Running"
         self.error: str | None = None
+        self.billed = Billed()
         self.created = self.modified = time.time()
         self._cond = threading.Condition()
         self._ops: dict[str, Operation] = {}
@@ -369,7 +658,10 @@ class Session:
         self._rejected: dict[int, str] = {}  # sequence numbers whose submit was refused, and why
         self._next_seq = 1
         self._closed = False
-        threading.Thread(target=self._training_loop, name=f"ts-train-{name}", daemon=True).start()
+
+    def start(self) -> None:
+        """Start the worker that runs the training operations."""
+        threading.Thread(target=self._training_loop, name=f"ts-train-{self.name}", daemon=True).start()
 
     # -- weights ------------------------------------------------------------
     def current_policy(self) -> Policy:
@@ -381,9 +673,7 @@ class Session:
         return policy
 
     # -- submits ------------------------------------------------------------
-    def submit_training(self, seq: int, token: str | None, fingerprint: str, kind: str,
-                        runner: Runner, tokens: int = 0) -> Operation:
-        """``tokens``: what the operation's cost is proportional to (``costs.request_tokens``)."""
+    def submit_training(self, seq: int, token: str | None, fingerprint: str, work: Work) -> Operation:
         with self._cond:
             self._require_running()
             if token and token in self._by_token:
@@ -396,15 +686,14 @@ class Session:
                 raise invalid(f"sequenceNumber {seq} was already used by operation "
                               f"{self._by_seq[seq].id} ({self._by_seq[seq].kind}); each "
                               "operation needs the next sequence number")
-            op = Operation(kind, training=True, seq=seq, token=token, fingerprint=fingerprint)
-            if self.gpus is not None:
-                op.cost = self.gpus.training_arrives(kind, tokens)
+            op = Operation(work.kind, training=True, seq=seq, token=token, fingerprint=fingerprint)
             self._rejected.pop(seq, None)  # a corrected resubmit fills the gap
             self._register(op)
             self._by_seq[seq] = op
             if token:
                 self._by_token[token] = op
-            self._queued[seq] = (op, runner)
+            self._queued[seq] = (op, self._hooks.wrap(self, op, work.run))
+            self._hooks.submitted(self, op, work)
             self._cond.notify_all()
             return op
 
@@ -416,15 +705,14 @@ class Session:
                 self._rejected[seq] = f"{error.code}: {error.message}"
                 self._cond.notify_all()
 
-    def submit_sampling(self, kind: str, runner: Runner, tokens: int = 0) -> Operation:
-        """``tokens``: the prompt's, for the cost model's prefill."""
+    def submit_sampling(self, work: Work) -> Operation:
         with self._cond:
             self._require_running()
-            op = Operation(kind, training=False)
+            op = Operation(work.kind, training=False)
             # Sampling overlaps, so its latency runs from the submit, not from a turn.
             op.not_before = time.monotonic() + self._latency_s()
-            if self.gpus is not None and kind != "loadWeightsForSampling":
-                op.cost = self.gpus.sampling_arrives(tokens)
+            runner = self._hooks.wrap(self, op, work.run)
+            self._hooks.submitted(self, op, work)
             self._register(op)
         self._pool.submit(self._execute, op, runner)
         return op
@@ -484,33 +772,32 @@ class Session:
     def _execute(self, op: Operation, runner: Runner) -> None:
         with self._cond:
             if self.status != "Running":
+                self._hooks.ran(self, op, None)
                 self._finish(op, "Skipped", error=f"Training session {self.name!r} is {self.status}")
-                self._sampled(op, None)
                 return
             op.status = "InProgress"
-        status, result, error = self._run(op, runner)
-        self._sampled(op, result)
+        status, outcome, error = self._run(op, runner)
+        self._hooks.ran(self, op, outcome)
         with self._cond:
-            self._finish(op, status, result, error)
+            self._finish(op, status, outcome, error)
+            if outcome is not None:
+                self.billed += outcome.billed
 
-    def _sampled(self, op: Operation, result: dict[str, Any] | None) -> None:
-        """Hand a sampling operation's decode work (its generated lengths) to the simulated GPUs."""
-        if op.cost is not None and not op.training and self.gpus is not None:
-            sequences = (result or {}).get("sample", {}).get("sequences", [])
-            self.gpus.sampled(op.cost, [len(seq["tokens"]) for seq in sequences])
-
-    def _run(self, op: Operation, runner: Runner) -> tuple[str, dict[str, Any] | None, str | None]:
+    def _run(self, op: Operation, runner: Runner) -> tuple[str, Outcome | None, str | None]:
         try:
             return "Completed", runner(self), None
         except ServiceError as e:
-            return "Failed", None, f"{e.code}: {e.message}"
+            error = f"{e.code}: {e.message}"
         except Exception as e:  # a bug in the local model: fail the op, keep serving
-            logger.exception("operation %s (%s) crashed", op.id, op.kind)
-            return "Failed", None, f"InternalServerError: {type(e).__name__}: {e}"
+            logger.exception("session %s: operation %s (%s) crashed", self.name, op.id, op.kind)
+            error = f"InternalServerError: {type(e).__name__}: {e}"
+        logger.warning("session %s: %s operation %s%s failed: %s", self.name, op.kind, op.id,
+                       f" (sequence number {op.seq})" if op.seq is not None else "", error)
+        return "Failed", None, error
 
-    def _finish(self, op: Operation, status: str, result: dict[str, Any] | None = None,
+    def _finish(self, op: Operation, status: str, outcome: Outcome | None = None,
                 error: str | None = None) -> None:
-        op.status, op.result, op.error = status, result, error
+        op.status, op.outcome, op.error = status, outcome, error
         self._cond.notify_all()
 
     def operations(self) -> list[Operation]:
@@ -519,8 +806,8 @@ class Session:
             return list(self._ops.values())
 
     # -- results ------------------------------------------------------------
-    def wait(self, op_id: str, training: bool, hold_s: float) -> dict[str, Any]:
-        """An operation's result, holding the request up to ``hold_s`` for it to finish.
+    def wait(self, op_id: str, training: bool, hold_s: float) -> OperationState:
+        """An operation's state, holding the request up to ``hold_s`` for it to finish.
 
         The SDK polls at once after a submit and then every 2 s; answering
         InProgress would cost every operation 2 s. Holding the first poll until
@@ -528,22 +815,21 @@ class Session:
         operation's own time.
         """
         deadline = time.monotonic() + hold_s
-        with self._cond, self._virtual_clock.holding():
+        with self._cond, self._hooks.holding():
             op = self._ops.get(op_id)
             if op is None or op.training != training:
                 kind = "training" if training else "sampling"
-                raise ServiceError("ResourceNotFoundException", f"No {kind} operation {op_id!r} "
-                                   f"in training session {self.name!r}", 404)
+                raise NotFound(f"No {kind} operation {op_id!r} in training session {self.name!r}")
             while op.status not in TERMINAL and not self._closed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-        with self._virtual_clock.holding():
+        with self._hooks.holding():
             self._shutdown.wait(max(0.0, min(op.not_before, deadline) - time.monotonic()))
-            simulated_done = op.cost is None or self.gpus is None or self.gpus.wait(op.cost, deadline, self._shutdown)
+            ready = self._hooks.ready(self, op, deadline, self._shutdown)
         with self._cond:
-            return op.view(time.monotonic(), simulated_done)
+            return op.state(time.monotonic(), ready)
 
     # -- lifecycle ----------------------------------------------------------
     def stop(self) -> None:
@@ -562,11 +848,15 @@ class Session:
     def _end(self, status: str, error: str | None) -> None:
         """Move to a terminal status; queued operations will never run."""
         self.status, self.error, self.modified = status, error, time.time()
+        skipped = len(self._queued)
         for op, _ in self._queued.values():
             self._finish(op, "Skipped", error=f"Training session {self.name!r} is {status}"
                          + (f" ({error})" if error else ""))
         self._queued.clear()
         self._cond.notify_all()
+        logger.log(logging.INFO if status == "Stopped" else logging.WARNING, "session %s %s%s after %d operations%s",
+                   self.name, status.lower(), f" ({error})" if error else "", len(self._ops),
+                   f"; {skipped} queued operations skipped" if skipped else "")
 
     def close(self) -> None:
         """Service shutdown: release the worker and any held polls."""
@@ -583,6 +873,9 @@ class Session:
                 "TrainingSessionStatus": self.status, "ModelPackageGroupArn": self.group.arn,
                 "CreationTime": self.created, "LastModifiedTime": self.modified,
                 "LastReceivedSequenceNumber": max(self._by_seq, default=0),
+                "BillableTokenUsage": {"PrefillTokenCount": self.billed.prefill,
+                                       "SampleTokenCount": self.billed.sample,
+                                       "TrainingTokenCount": self.billed.training},
                 "RoleArn": req.get("RoleArn"), "LoraConfig": req.get("LoraConfig"),
                 "ModelConfig": req.get("ModelConfig"), "OutputConfig": req.get("OutputConfig"),
                 "VpcConfig": req.get("VpcConfig"),
@@ -604,92 +897,91 @@ class Session:
                     "next_sequence_number": self._next_seq}
 
 
-# -- what was asked ---------------------------------------------------------------
-class RequestLog:
-    """Requests answered, per API operation and per runtime operation kind (the member
-    of ``operationConfig``), with the error codes of those refused."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: Counter[str] = Counter()
-        self._errors: dict[str, Counter[str]] = {}
-
-    def record(self, operation: str, kind: str | None, error: str | None) -> None:
-        with self._lock:
-            for key in (operation, kind) if kind else (operation,):
-                self._requests[key] += 1
-                if error:
-                    self._errors.setdefault(key, Counter())[error] += 1
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """``{operation or kind: {"requests": n, "errors": {code: n}}}`` for ``GET /_admin/requests``."""
-        with self._lock:
-            return {key: {"requests": n, "errors": dict(self._errors.get(key, {}))}
-                    for key, n in sorted(self._requests.items())}
-
-
 # -- the backend ------------------------------------------------------------------
 class TrainingSessionBackend:
-    """Every session, the model package registry, the fault injector and the request log."""
+    """Every session and the model package registry; ``hooks`` wrap and observe its operations."""
 
-    def __init__(self, injector: FaultInjector, state_dir: Path | None = None, sample_workers: int = 8,
+    def __init__(self, state_dir: Path | None = None, sample_workers: int = 8,
                  gap_timeout_s: float = GAP_TIMEOUT_S, poll_hold_s: float = POLL_HOLD_S,
-                 costs: Costs | None = None) -> None:
-        self.injector = injector
-        self.costs = costs or Costs()  # for sessions created from now on
-        self.clock = VirtualClock()  # the simulated time of sessions with costs.virtual_time
+                 hooks: Sequence[Hooks] = (), latency_s: Callable[[], float] = lambda: 0.0) -> None:
+        self.hooks = HookChain(hooks)
         self.registry = PackageRegistry(state_dir)
-        self.requests = RequestLog()
         self.poll_hold_s = poll_hold_s
+        self._latency_s = latency_s  # the service's time added to every runtime operation
         self._gap_timeout_s = gap_timeout_s
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._shutdown = threading.Event()
         self._pool = ThreadPoolExecutor(sample_workers, thread_name_prefix="ts-sample")
 
-    def create_session(self, *, name: str, region: str, account: str, group: PackageGroup,
-                       base_model: tuple[str, str], output_path: str, request: dict[str, Any]) -> Session:
+    # -- sessions -------------------------------------------------------------
+    def create_session(self, *, name: str, region: str, group_arn: str, base_model: tuple[str, str],
+                       output_path: str, request: dict[str, Any]) -> Session:
+        account = parse_group_arn(group_arn)["account"]
+        group = self.registry.ensure_group(group_arn)
         with self._lock:
             if name in self._sessions:
                 raise ServiceError("ResourceInUse", f"Training session {name!r} already exists")
             session = Session(
                 name=name, arn=f"arn:aws:sagemaker:{region}:{account}:training-session/{name}",
                 group=group, base_model=base_model, output_path=output_path, request=request,
-                latency_s=lambda: self.injector.latency_s, pool=self._pool, shutdown=self._shutdown,
-                gap_timeout_s=self._gap_timeout_s, costs=self.costs, virtual_clock=self.clock)
+                registry=self.registry, latency_s=self._latency_s, pool=self._pool, shutdown=self._shutdown,
+                gap_timeout_s=self._gap_timeout_s, hooks=self.hooks)
+            self.hooks.session_created(session)
             self._sessions[name] = session
-            return session
+        session.start()
+        logger.info("session %s created (base model %s %s, group %s)", name, *base_model, group.name)
+        return session
 
     def find(self, name: str) -> Session | None:
         with self._lock:
             return self._sessions.get(name)
 
+    def session(self, name: str) -> Session:
+        session = self.find(name)
+        if session is None:
+            raise NotFound(f"Training session {name!r} does not exist")
+        return session
+
     def sessions(self) -> list[Session]:
         with self._lock:
             return list(self._sessions.values())
 
-    def delete_session(self, session: Session) -> None:
+    def stop_session(self, name: str) -> None:
+        self.session(name).stop()
+
+    def delete_session(self, name: str) -> None:
+        session = self.session(name)
         if session.status not in ("Stopped", "Failed"):
             raise invalid(f"invalid session state transition from {session.status} to Deleting; "
                           "stop the session first")
         session.close()
         with self._lock:
             self._sessions.pop(session.name, None)
+        logger.info("session %s deleted", name)
 
-    def submit_training(self, session: Session, seq: int, token: str | None, fingerprint: str, kind: str,
-                        runner: Runner, config: dict[str, Any]) -> Operation:
-        """``config``: the validated operationConfig member, for the cost model."""
-        return session.submit_training(seq, token, fingerprint, kind, self.injector.wrap(runner, training=True),
-                                       request_tokens(kind, config))
+    # -- runtime operations -----------------------------------------------------
+    def submit_training(self, name: str, seq: int, token: str | None, fingerprint: str, work: Work) -> Operation:
+        session = self.session(name)
+        work.check(self.registry)
+        return session.submit_training(seq, token, fingerprint, work)
 
-    def submit_sampling(self, session: Session, kind: str, runner: Runner, config: dict[str, Any]) -> Operation:
-        return session.submit_sampling(kind, self.injector.wrap(runner, training=False), request_tokens(kind, config))
+    def submit_sampling(self, name: str, work: Work) -> Operation:
+        session = self.session(name)
+        work.check(self.registry)
+        return session.submit_sampling(work)
 
-    def cost_snapshot(self) -> dict[str, Any]:
-        """For ``GET /_admin/costs``: the settings new sessions get, and each costed session's GPUs so far."""
-        return {"costs": self.costs.to_dict(), "virtual_clock": self.clock.snapshot(),
-                "sessions": {s.name: s.gpus.snapshot() for s in self.sessions() if s.gpus is not None}}
+    def operation_state(self, name: str, op_id: str, training: bool) -> OperationState:
+        return self.session(name).wait(op_id, training, self.poll_hold_s)
 
+    def refused(self, name: str, seq: int, error: ServiceError) -> None:
+        """A training submit of session ``name`` was refused: its sequence number is spent (see
+        :meth:`Session.note_rejected`). Nothing to do if there is no such session."""
+        session = self.find(name)
+        if session is not None:
+            session.note_rejected(seq, error)
+
+    # -- the service ------------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
         return [s.snapshot() for s in self.sessions()]
 

@@ -1,7 +1,13 @@
 """Wire handling of the local service, as moto's ``responses.py``: every request is
-parsed, validated, handed to the backend (``models``) and answered here.
+parsed, validated, handed to the backend (``models``) in one call, and answered here.
 
-Validation happens once, in :func:`dispatch`, in two layers:
+A handler parses its request into what the backend takes (a runtime operation
+becomes a ``models.Work``), makes one backend call, and shapes what comes back:
+a runtime result from the operation's ``models.Outcome`` (with the ``tokenUsage``
+botocore's runtime model declares), a control-plane description from the
+backend object's ``describe()``/``detail()``. Refused requests are logged, one line each.
+
+Validation happens once, in :func:`dispatch`, before any lookup, in two layers:
 
 1. **botocore's service model** (:mod:`pipeline.shapes`): every member the
    operation's input shape declares, checked for required, type (``Integer``
@@ -10,19 +16,23 @@ Validation happens once, in :func:`dispatch`, in two layers:
 2. **what the model cannot say**, by hand, in the handlers: per-token loss inputs
    as long as the datum, token ids inside the toy vocabulary, the loss inputs each
    loss function needs (``toy.losses.LOSS_FNS``), ``lossFnConfig``'s keys and clip
-   bounds (an open Document in the model), a model package that exists, the one
-   base model served here.
+   bounds (an open Document in the model), the one base model served here. What
+   depends on the backend's state (a session or model package that exists) the
+   backend checks, in the same call.
 
 A violation is a ``ValidationException`` in botocore's error shape for the
 operation's protocol: control plane (``sagemaker``, JSON 1.1) HTTP 400
 ``{"__type", "message"}``; runtime (rest-json) the error's status with an
 ``x-amzn-ErrorType`` header and ``{"message"}``. The message names the member.
+Something that does not exist is ``ResourceNotFound`` on the control plane and
+``ResourceNotFoundException`` (404) on the runtime, as each model names it.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -30,19 +40,33 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from local.training_session.exceptions import NotFound, ServiceError, invalid
 from local.training_session.models import (
-    Runner,
-    ServiceError,
-    Session,
+    Done,
+    LoadSamplerWork,
+    LoadWork,
+    Logprobs,
+    LogprobsWork,
+    LossOutcome,
+    LossWork,
+    Metrics,
+    OperationState,
+    OptimWork,
+    Outcome,
+    Sampled,
+    SampleWork,
+    Saved,
+    SaveWork,
     TrainingSessionBackend,
-    invalid,
-    parse_group_arn,
+    Work,
 )
 from local.training_session.toy.adam import AdamConfig
 from local.training_session.toy.losses import ACCEPTED_INPUTS, CLIP_RANGES, LOSS_FNS
-from local.training_session.toy.policy import DatumArrays, Policy, SampledSeq
+from local.training_session.toy.policy import DatumArrays
 from local.training_session.toy.tokenizer import BASE_MODEL_NAME, HF_FILES, ToyTokenizer
 from pipeline.shapes import input_shape, violations
+
+logger = logging.getLogger(__name__)
 
 CONTROL_PLANE = "sagemaker"
 RUNTIME = "sagemakertrainingsessionruntime"
@@ -115,6 +139,8 @@ def error_response(service: str, error: ServiceError) -> Response:
     if service == CONTROL_PLANE:
         return Response(400, {"__type": error.code, "message": error.message},
                         "application/x-amz-json-1.1", error.code)
+    if isinstance(error, NotFound):  # the runtime model's name and status for it
+        return Response(404, {"message": error.message}, error_code="ResourceNotFoundException")
     return Response(error.status, {"message": error.message}, error_code=error.code)
 
 
@@ -133,7 +159,16 @@ def dispatch(backend: TrainingSessionBackend, request: Request) -> Response:
     except ServiceError as e:
         if request.operation == "ExecuteTrainingOperation":
             _spend_sequence_number(backend, params, e)
-        return error_response(request.service, e)
+        response = error_response(request.service, e)
+        _log_refusal(request, params, response)
+        return response
+
+
+def _log_refusal(request: Request, params: dict[str, Any], response: Response) -> None:
+    name = params.get("TrainingSessionName") or params.get("trainingSessionName")
+    about = f" (session {name})" if isinstance(name, str) else ""
+    logger.info("refused %s%s%s: %s %s: %s", request.operation, about, f" {request.kind}" if request.kind else "",
+                response.status, response.error_code, response.payload.get("message"))
 
 
 def _check_model(service: str, operation: str, params: dict[str, Any]) -> None:
@@ -147,24 +182,15 @@ def _spend_sequence_number(backend: TrainingSessionBackend, params: dict[str, An
     """The SDK spends a sequence number on a refused submit (it does not retry a 4xx
     other than throttling): tell the session, so the operations behind it fail rather
     than wait for it in vain."""
-    session = backend.find(params.get("trainingSessionName") or "")
-    seq = params.get("sequenceNumber")
-    if session is not None and isinstance(seq, int) and not isinstance(seq, bool):
-        session.note_rejected(seq, error)
+    name, seq = params.get("trainingSessionName"), params.get("sequenceNumber")
+    if isinstance(name, str) and isinstance(seq, int) and not isinstance(seq, bool):
+        backend.refused(name, seq, error)
 
 
 Handler = Callable[[TrainingSessionBackend, dict[str, Any], str], dict[str, Any]]
 
 
 # -- control plane ----------------------------------------------------------------------
-def _session(backend: TrainingSessionBackend, params: dict[str, Any]) -> Session:
-    name = params["TrainingSessionName"]
-    session = backend.find(name)
-    if session is None:
-        raise ServiceError("ResourceNotFound", f"Training session {name!r} does not exist")
-    return session
-
-
 def _served_base_model(arn: str, region: str) -> tuple[str, str]:
     match = _HUB_ARN.match(arn)
     if not match or match["name"] != BASE_MODEL_NAME:
@@ -181,24 +207,23 @@ def create_training_session(backend: TrainingSessionBackend, params: dict[str, A
         raise invalid("ModelPackageGroupArn is required by the local service (it registers "
                       "saved weights there)")
     session = backend.create_session(
-        name=params["TrainingSessionName"], region=region, account=parse_group_arn(group_arn)["account"],
-        group=backend.registry.ensure_group(group_arn), base_model=base_model,
+        name=params["TrainingSessionName"], region=region, group_arn=group_arn, base_model=base_model,
         output_path=params["OutputConfig"]["S3Location"]["Path"],
         request={k: v for k, v in params.items() if k != "TrainingSessionName"})
     return {"TrainingSessionArn": session.arn}
 
 
 def describe_training_session(backend: TrainingSessionBackend, params: dict[str, Any], region: str) -> dict[str, Any]:
-    return {"TrainingSessionDetail": _session(backend, params).detail()}
+    return {"TrainingSessionDetail": backend.session(params["TrainingSessionName"]).detail()}
 
 
 def stop_training_session(backend: TrainingSessionBackend, params: dict[str, Any], region: str) -> dict[str, Any]:
-    _session(backend, params).stop()
+    backend.stop_session(params["TrainingSessionName"])
     return {}
 
 
 def delete_training_session(backend: TrainingSessionBackend, params: dict[str, Any], region: str) -> dict[str, Any]:
-    backend.delete_session(_session(backend, params))
+    backend.delete_session(params["TrainingSessionName"])
     return {}
 
 
@@ -268,8 +293,8 @@ def describe_model_package_group(backend: TrainingSessionBackend, params: dict[s
 def describe_hub_content(backend: TrainingSessionBackend, params: dict[str, Any], region: str) -> dict[str, Any]:
     name = params["HubContentName"]
     if name != BASE_MODEL_NAME:
-        raise ServiceError("ResourceNotFound", f"Hub content {name!r} does not exist; the local "
-                           f"service's only model is {BASE_MODEL_NAME!r}")
+        raise NotFound(f"Hub content {name!r} does not exist; the local service's only model is "
+                       f"{BASE_MODEL_NAME!r}")
     version = params.get("HubContentVersion") or "1.0.0"
     hub_arn = f"arn:aws:sagemaker:{region}:aws:hub/SageMakerPublicHub"
     return {
@@ -369,27 +394,14 @@ def _loss_config(config: Any, where: str) -> dict[str, float] | None:
     return {key: float(value) for key, value in config.items()}
 
 
-def _package(backend: TrainingSessionBackend, arn: str) -> str:
-    """A model package ARN that exists (checked at submit, not when the op runs)."""
-    backend.registry.get(arn)
-    return arn
-
-
-# -- runtime: the runners ------------------------------------------------------------------
-def _loss_runner(kind: str, config: dict[str, Any]) -> Runner:
+# -- runtime: requests into work ---------------------------------------------------------------
+def _loss_work(kind: str, config: dict[str, Any]) -> Work:
     where = f"operationConfig.{kind}"
     loss_fn = config["lossFnName"]
     if not config["datumList"]:
         raise invalid(f"{where}.datumList: holds no datum; send at least one")
-    datums = [_datum(d, f"{where}.datumList[{i}]", loss_fn) for i, d in enumerate(config["datumList"])]
-    loss_fn_config = _loss_config(config.get("lossFnConfig"), f"{where}.lossFnConfig")
-
-    def run(session: Session) -> dict[str, Any]:
-        policy = session.current_policy()
-        fn = policy.forward_backward if kind == "forwardBackward" else policy.forward
-        metrics, outputs = fn(datums, loss_fn=loss_fn, loss_fn_config=loss_fn_config)
-        return {kind: _loss_result(metrics, outputs)}
-    return run
+    datums = tuple(_datum(d, f"{where}.datumList[{i}]", loss_fn) for i, d in enumerate(config["datumList"]))
+    return LossWork(kind, datums, loss_fn, _loss_config(config.get("lossFnConfig"), f"{where}.lossFnConfig"))
 
 
 #: adamParamsConfig member -> AdamConfig field (the model checks each one's range).
@@ -398,63 +410,22 @@ _ADAM_FIELDS = {"learningRate": "learning_rate", "beta1": "beta1", "beta2": "bet
                 "loraPlusLrRatio": "lora_plus_lr_ratio"}
 
 
-def _optim_runner(config: dict[str, Any]) -> Runner:
+def _optim_work(kind: str, config: dict[str, Any]) -> Work:
     params = config["adamParamsConfig"]
-    adam = AdamConfig(**{_ADAM_FIELDS[k]: float(v) for k, v in params.items() if v is not None
-                         # The model allows gradClipNorm 0; as in Tinker's AdamParams, 0 means no clipping.
-                         and not (k == "gradClipNorm" and v == 0)})
-
-    def run(session: Session) -> dict[str, Any]:
-        metrics = session.current_policy().optim_step(adam)
-        return {"optimizerStep": {"metrics": {k: float(v) for k, v in metrics.items()}}}
-    return run
+    return OptimWork(AdamConfig(**{_ADAM_FIELDS[k]: float(v) for k, v in params.items() if v is not None
+                                   # The model allows gradClipNorm 0; as in Tinker's AdamParams, 0 means no clipping.
+                                   and not (k == "gradClipNorm" and v == 0)}))
 
 
-def _save_runner(backend: TrainingSessionBackend, kind: str, config: dict[str, Any]) -> Runner:
-    description = config.get("description") or ""
-    checkpoint = kind == "saveState"  # state = weights + Adam moments; weights = sampler weights
-
-    def run(session: Session) -> dict[str, Any]:
-        package = backend.registry.add(
-            session.group, session.current_policy().state_dict(include_optimizer=checkpoint),
-            is_checkpoint=checkpoint, description=description, base_model=session.base_model,
-            session_name=session.name, s3_prefix=session.output_path)
-        return {kind: {"modelPackageArn": package.arn}}
-    return run
+def _save_work(kind: str, config: dict[str, Any]) -> Work:
+    return SaveWork(kind, config.get("description") or "")
 
 
-def _load_runner(backend: TrainingSessionBackend, config: dict[str, Any]) -> Runner:
-    arn, with_optimizer = _package(backend, config["modelPackageArn"]), config["loadOptimizer"]
-    if with_optimizer and not backend.registry.get(arn).is_checkpoint:
-        raise invalid(f"operationConfig.loadState.modelPackageArn: {arn} holds sampler weights (saveWeights) "
-                      "and no optimizer state; load it with loadOptimizer false, or load a saveState checkpoint")
-
-    def run(session: Session) -> dict[str, Any]:
-        policy = Policy.from_state_dict(backend.registry.weights(arn))
-        session.policy = policy if with_optimizer else policy.weights_copy()  # weights_copy: fresh Adam
-        return {"loadState": {}}
-    return run
+def _load_work(kind: str, config: dict[str, Any]) -> Work:
+    return LoadWork(config["modelPackageArn"], config["loadOptimizer"])
 
 
-def _training_runner(backend: TrainingSessionBackend, kind: str, config: dict[str, Any]) -> Runner:
-    if kind in ("forward", "forwardBackward"):
-        return _loss_runner(kind, config)
-    if kind == "optimizerStep":
-        return _optim_runner(config)
-    if kind in ("saveState", "saveWeights"):
-        return _save_runner(backend, kind, config)
-    return _load_runner(backend, config)
-
-
-def _weights(backend: TrainingSessionBackend, arn: str | None) -> Callable[[Session], Policy]:
-    """Which weights a sampling op reads: a saved package's, else the session's current ones."""
-    if arn:
-        _package(backend, arn)
-        return lambda session: backend.registry.policy(arn)
-    return lambda session: session.current_policy()
-
-
-def _sample_runner(backend: TrainingSessionBackend, config: dict[str, Any]) -> Runner:
+def _sample_work(kind: str, config: dict[str, Any]) -> Work:
     where = "operationConfig.sample"
     prompt = _tokens(config["prompt"], f"{where}.prompt")
     if config.get("topkPromptLogprobs"):
@@ -466,111 +437,130 @@ def _sample_runner(backend: TrainingSessionBackend, config: dict[str, Any]) -> R
         raise invalid(f"{where}.samplingParams.topK: {top_k} must be >= 1, or -1 to disable it")
     if stop is not None and not all(stop):
         raise invalid(f"{where}.samplingParams.stop: must be a list of non-empty strings")
-    weights = _weights(backend, config.get("modelPackageArn"))
-    with_prompt_logprobs = bool(config.get("includePromptLogprobs"))
-
-    def run(session: Session) -> dict[str, Any]:
-        policy = weights(session)
-        seqs = policy.sample(prompt, config["numSamples"], params["maxTokens"],
-                             temperature=params.get("temperature"), top_k=None if top_k == -1 else top_k,
-                             top_p=params.get("topP"), seed=params.get("seed"), stop=stop or None)
-        prompt_logprobs = policy.compute_logprobs(prompt) if with_prompt_logprobs else None
-        return {"sample": _sample_result(seqs, prompt_logprobs)}
-    return run
+    return SampleWork(tuple(prompt), config["numSamples"], params["maxTokens"], temperature=params.get("temperature"),
+                      top_k=None if top_k == -1 else top_k, top_p=params.get("topP"), seed=params.get("seed"),
+                      stop=tuple(stop or ()), model_package_arn=config.get("modelPackageArn"),
+                      with_prompt_logprobs=bool(config.get("includePromptLogprobs")))
 
 
-def _sampling_runner(backend: TrainingSessionBackend, kind: str, config: dict[str, Any]) -> Runner:
-    if kind == "sample":
-        return _sample_runner(backend, config)
-    if kind == "computeLogprobs":
-        prompt = _tokens(config["prompt"], "operationConfig.computeLogprobs.prompt")
-        weights = _weights(backend, config.get("modelPackageArn"))
-        return lambda session: {"computeLogprobs": _logprobs_result(weights(session).compute_logprobs(prompt))}
-    arn = _package(backend, config["modelPackageArn"])
+def _logprobs_work(kind: str, config: dict[str, Any]) -> Work:
+    prompt = _tokens(config["prompt"], "operationConfig.computeLogprobs.prompt")
+    return LogprobsWork(tuple(prompt), config.get("modelPackageArn"))
 
-    def run_load(session: Session) -> dict[str, Any]:
-        backend.registry.policy(arn)  # build it now, so the first sample does not pay for it
-        return {"loadWeightsForSampling": {}}
-    return run_load
+
+def _load_sampler_work(kind: str, config: dict[str, Any]) -> Work:
+    return LoadSamplerWork(config["modelPackageArn"])
+
+
+#: Each operationConfig member, parsed and checked into the work the backend runs.
+WORK: dict[str, Callable[[str, dict[str, Any]], Work]] = {
+    "forward": _loss_work, "forwardBackward": _loss_work, "optimizerStep": _optim_work,
+    "saveState": _save_work, "saveWeights": _save_work, "loadState": _load_work,
+    "sample": _sample_work, "computeLogprobs": _logprobs_work, "loadWeightsForSampling": _load_sampler_work,
+}
 
 
 # -- runtime: the operations -----------------------------------------------------------------
-def _runtime_session(backend: TrainingSessionBackend, params: dict[str, Any]) -> Session:
-    name = params["trainingSessionName"]
-    session = backend.find(name)
-    if session is None:
-        raise ServiceError("ResourceNotFoundException", f"Training session {name!r} does not exist", 404)
-    return session
-
-
-def _union_member(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The one member set in a union (the model has checked there is exactly one)."""
-    return next((k, v) for k, v in config.items() if v is not None)
+def _work(params: dict[str, Any]) -> Work:
+    """The work of the one member set in the operationConfig union (the model has checked there is one)."""
+    kind, config = next((k, v) for k, v in params["operationConfig"].items() if v is not None)
+    return WORK[kind](kind, config)
 
 
 def execute_training_operation(backend: TrainingSessionBackend, params: dict[str, Any],
                                region: str) -> dict[str, Any]:
-    session = _runtime_session(backend, params)
-    kind, config = _union_member(params["operationConfig"])
-    runner = _training_runner(backend, kind, config)
     seq = params["sequenceNumber"]
     fingerprint = hashlib.sha256(json.dumps([seq, params["operationConfig"]], sort_keys=True).encode()).hexdigest()
-    operation = backend.submit_training(session, seq, params.get("clientToken"), fingerprint, kind, runner, config)
+    operation = backend.submit_training(params["trainingSessionName"], seq, params.get("clientToken"), fingerprint,
+                                        _work(params))
     return {"operationId": operation.id}
 
 
 def execute_sampling_operation(backend: TrainingSessionBackend, params: dict[str, Any],
                                region: str) -> dict[str, Any]:
-    session = _runtime_session(backend, params)
-    kind, config = _union_member(params["operationConfig"])
-    return {"operationId": backend.submit_sampling(session, kind, _sampling_runner(backend, kind, config), config).id}
+    return {"operationId": backend.submit_sampling(params["trainingSessionName"], _work(params)).id}
 
 
 def get_training_operation_result(backend: TrainingSessionBackend, params: dict[str, Any],
                                   region: str) -> dict[str, Any]:
-    return _runtime_session(backend, params).wait(params["operationId"], True, backend.poll_hold_s)
+    return _result_body(backend.operation_state(params["trainingSessionName"], params["operationId"], True))
 
 
 def get_sampling_operation_result(backend: TrainingSessionBackend, params: dict[str, Any],
                                   region: str) -> dict[str, Any]:
-    return _runtime_session(backend, params).wait(params["operationId"], False, backend.poll_hold_s)
+    return _result_body(backend.operation_state(params["trainingSessionName"], params["operationId"], False))
 
 
 # -- runtime: result shapes --------------------------------------------------------------------
+def _result_body(state: OperationState) -> dict[str, Any]:
+    """Get*OperationResult body. ``operationResult`` only once Completed (botocore rejects an empty union),
+    ``errorDetails`` only on a failure; a training result's ``tokenUsage`` as its model places it: a forward
+    or forward_backward's, at the top and in the result."""
+    body: dict[str, Any] = {"status": state.status}
+    if state.outcome is not None:
+        body["operationResult"] = {state.kind: _shape(state.outcome)}
+        if state.training and isinstance(state.outcome, LossOutcome):
+            body["tokenUsage"] = _training_usage(state.outcome)
+    elif state.error:
+        body["errorDetails"] = state.error
+    return body
+
+
 def _float(value: float) -> float:
     # JSON has no NaN/Infinity; botocore would choke on the bare tokens.
     value = float(value)
     return value if math.isfinite(value) else 0.0
 
 
-def _loss_result(metrics: Mapping[str, float], outputs: list[dict[str, list[float]]]) -> dict[str, Any]:
-    """ForwardResult / ForwardBackwardResult body: metrics and per-datum TensorData."""
+def _training_usage(outcome: LossOutcome) -> dict[str, int]:
+    """TrainingTokenUsage: the datums' tokens (an Integer; no single request carries 2^31 tokens)."""
+    return {"trainingTokens": outcome.tokens}
+
+
+def _loss_result(outcome: LossOutcome) -> dict[str, Any]:
+    """ForwardResult / ForwardBackwardResult body: metrics, per-datum TensorData and the token usage."""
     tensors = [
         {key: {"data": [_float(v) for v in values], "dtype": "float32", "shape": [len(values)]}
          for key, values in entry.items()}
-        for entry in outputs
+        for entry in outcome.outputs
     ]
-    return {"metrics": {k: _float(v) for k, v in metrics.items()},
-            "lossFnOutputs": tensors, "lossFnOutputType": "TensorData"}
+    return {"metrics": {k: _float(v) for k, v in outcome.metrics.items()},
+            "lossFnOutputs": tensors, "lossFnOutputType": "TensorData", "tokenUsage": _training_usage(outcome)}
 
 
-def _sample_result(sequences: list[SampledSeq], prompt_logprobs: list[float | None] | None) -> dict[str, Any]:
-    """SampleResponse body."""
+def _sample_result(outcome: Sampled) -> dict[str, Any]:
+    """SampleResponse body; each SampledSequence's tokenUsage: the prompt it continued and the tokens it added."""
     body: dict[str, Any] = {"sequences": [
         {"stopReason": s.stop_reason, "tokens": [int(t) for t in s.tokens],
-         "logprobs": [_float(v) for v in s.logprobs]}
-        for s in sequences
+         "logprobs": [_float(v) for v in s.logprobs],
+         "tokenUsage": {"prefill": outcome.prompt_tokens, "decode": len(s.tokens)}}
+        for s in outcome.sequences
     ]}
-    if prompt_logprobs is not None:
+    if outcome.prompt_logprobs is not None:
         # The SDK's SampleResponse rejects a null in this list, while the first
         # prompt token has no logprob; report it as 0.0 (log 1: nothing predicted).
-        body["promptLogprobs"] = [0.0 if v is None else _float(v) for v in prompt_logprobs]
+        body["promptLogprobs"] = [0.0 if v is None else _float(v) for v in outcome.prompt_logprobs]
     return body
 
 
-def _logprobs_result(logprobs: list[float | None]) -> dict[str, Any]:
+def _logprobs_result(outcome: Logprobs) -> dict[str, Any]:
     """ComputeLogprobsResult body; a null first entry is what the SDK expects here."""
-    return {"logprobs": [None if v is None else _float(v) for v in logprobs]}
+    return {"logprobs": [None if v is None else _float(v) for v in outcome.logprobs]}
+
+
+#: Each outcome's result shape (the member of OperationResult / SampleOperationResult named by its kind).
+RESULT_SHAPES: dict[type[Outcome], Callable[[Any], dict[str, Any]]] = {
+    LossOutcome: _loss_result,
+    Metrics: lambda outcome: {"metrics": {k: float(v) for k, v in outcome.metrics.items()}},
+    Saved: lambda outcome: {"modelPackageArn": outcome.model_package_arn},
+    Done: lambda outcome: {},
+    Sampled: _sample_result,
+    Logprobs: _logprobs_result,
+}
+
+
+def _shape(outcome: Outcome) -> dict[str, Any]:
+    return RESULT_SHAPES[type(outcome)](outcome)
 
 
 #: Every operation served, by name: control plane first, then runtime.

@@ -1,9 +1,11 @@
 """HTTP transport of the local training-session service: one port, both planes.
 
-Transport only: it reads a request, finds its route in the tables below, hands it
-to the route's dispatch (``responses``; runtime submits through the fault
-injector's :func:`~local.training_session.faults.throttled`), records the answer
-in the backend's request log and writes it.
+Transport and routing: it reads a request, finds its route in the tables below,
+lets the fault injector throttle a runtime submit, hands the request to
+``responses.dispatch``, records the answer in the request log and writes it.
+It also assembles the service (:class:`ServiceState`): the backend (``models``)
+with what wraps and observes it from outside, the fault injector (``faults``) and
+the cost model (``metering``).
 
 * Control plane: ``POST /`` with ``X-Amz-Target: SageMaker.<Op>``.
 * Runtime: the method and ``requestUri`` of each operation in botocore's model,
@@ -20,7 +22,8 @@ import logging
 import re
 import threading
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -28,19 +31,69 @@ from urllib.parse import unquote, urlsplit
 
 from local.training_session import responses
 from local.training_session.costs import Costs
-from local.training_session.faults import Dispatch, FaultInjector, Faults, throttled
-from local.training_session.models import GAP_TIMEOUT_S, POLL_HOLD_S, ServiceError, TrainingSessionBackend
+from local.training_session.exceptions import ServiceError
+from local.training_session.faults import FaultInjector, Faults
+from local.training_session.metering import CostMeter
+from local.training_session.models import (
+    GAP_TIMEOUT_S,
+    POLL_HOLD_S,
+    PackageRegistry,
+    Session,
+    TrainingSessionBackend,
+)
 from local.training_session.responses import CONTROL_PLANE, RUNTIME, Request, Response
 from pipeline.shapes import service_model
 
 logger = logging.getLogger(__name__)
 
 
+# -- the service's parts ---------------------------------------------------------------------
+class RequestLog:
+    """Requests answered, per API operation and per runtime operation kind (the member
+    of ``operationConfig``), with the error codes of those refused."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: Counter[str] = Counter()
+        self._errors: dict[str, Counter[str]] = {}
+
+    def record(self, operation: str, kind: str | None, error: str | None) -> None:
+        with self._lock:
+            for key in (operation, kind) if kind else (operation,):
+                self._requests[key] += 1
+                if error:
+                    self._errors.setdefault(key, Counter())[error] += 1
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """``{operation or kind: {"requests": n, "errors": {code: n}}}`` for ``GET /_admin/requests``."""
+        with self._lock:
+            return {key: {"requests": n, "errors": dict(self._errors.get(key, {}))}
+                    for key, n in sorted(self._requests.items())}
+
+
+@dataclass
+class ServiceState:
+    """One running service: the backend, what wraps and observes it, and the request log."""
+
+    backend: TrainingSessionBackend
+    injector: FaultInjector
+    meter: CostMeter
+    requests: RequestLog = field(default_factory=RequestLog)
+
+    def find(self, name: str) -> Session | None:
+        return self.backend.find(name)
+
+    @property
+    def registry(self) -> PackageRegistry:
+        return self.backend.registry
+
+
+# -- routing -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Route:
     service: str
     operation: str
-    dispatch: Dispatch
+    throttled: bool = False  # a runtime submit: the fault injector may answer it 429
 
 
 @dataclass(frozen=True)
@@ -51,8 +104,7 @@ class RuntimeRoute:
 
 
 #: X-Amz-Target -> route.
-CONTROL_PLANE_ROUTES = {f"SageMaker.{op}": Route(CONTROL_PLANE, op, responses.dispatch)
-                        for op in responses.CONTROL_PLANE_OPERATIONS}
+CONTROL_PLANE_ROUTES = {f"SageMaker.{op}": Route(CONTROL_PLANE, op) for op in responses.CONTROL_PLANE_OPERATIONS}
 
 
 def _runtime_route(operation: str) -> RuntimeRoute:
@@ -60,8 +112,7 @@ def _runtime_route(operation: str) -> RuntimeRoute:
     empty segment too, so the model's length rule answers it rather than a 404."""
     http = service_model(RUNTIME).operation_model(operation).http
     path = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]*)", http["requestUri"]) + "$")
-    dispatch = throttled(responses.dispatch) if http["method"] == "POST" else responses.dispatch
-    return RuntimeRoute(http["method"], path, Route(RUNTIME, operation, dispatch))
+    return RuntimeRoute(http["method"], path, Route(RUNTIME, operation, throttled=http["method"] == "POST"))
 
 
 RUNTIME_ROUTES = tuple(_runtime_route(op) for op in responses.RUNTIME_OPERATIONS)
@@ -72,7 +123,7 @@ POLLS = frozenset({"GetTrainingOperationResult", "GetSamplingOperationResult"})
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # listen backlog: a sampling burst opens many connections at once
-    backend: TrainingSessionBackend
+    state: ServiceState
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -94,18 +145,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = urlsplit(self.path).path
-        backend = self.server.backend
+        state = self.server.state
         try:
             if path.startswith("/_admin/"):
-                return self._send(_admin(backend, method, path, raw))
+                return self._send(_admin(state, method, path, raw))
             routed = self._route(method, path, raw)
             if isinstance(routed, Response):
                 return self._send(routed)
             route, request = routed
             # Counted for the cost model's virtual time: the client is at work unless its polls are all waiting.
-            with backend.clock.request(submits=route.operation not in POLLS):
-                response = route.dispatch(backend, request)
-            backend.requests.record(route.operation, request.kind, response.error_code)
+            with state.meter.clock.request(submits=route.operation not in POLLS):
+                response = (route.throttled and state.injector.throttled(request)) or \
+                    responses.dispatch(state.backend, request)
+            state.requests.record(route.operation, request.kind, response.error_code)
             self._send(response)
         except Exception as e:  # a bug here: answer 500 rather than drop the connection
             logger.exception("%s %s failed", method, path)
@@ -145,39 +197,55 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # -- admin routes (not AWS) ---------------------------------------------------------------
-def _sessions(backend: TrainingSessionBackend, raw: bytes) -> Response:
-    return Response(200, {"sessions": backend.snapshot()})
+def _sessions(state: ServiceState, raw: bytes) -> Response:
+    return Response(200, {"sessions": state.backend.snapshot()})
 
 
-def _faults(backend: TrainingSessionBackend, raw: bytes) -> Response:
-    return Response(200, {"faults": backend.injector.faults.to_dict(), "injected": backend.injector.injected})
+def _faults(state: ServiceState, raw: bytes) -> Response:
+    return Response(200, {"faults": state.injector.faults.to_dict(), "injected": state.injector.injected})
 
 
-def _set_faults(backend: TrainingSessionBackend, raw: bytes) -> Response:
+def _set_faults(state: ServiceState, raw: bytes) -> Response:
     try:
-        backend.injector.set(Faults.from_mapping(json.loads(raw or b"{}")))
+        faults = Faults.from_mapping(json.loads(raw or b"{}"))
     except (ValueError, TypeError) as e:
         return Response(400, {"message": str(e)}, error_code="ValidationException")
-    return _faults(backend, raw)
+    set_faults(state, faults)
+    return _faults(state, raw)
 
 
-def _costs(backend: TrainingSessionBackend, raw: bytes) -> Response:
-    return Response(200, backend.cost_snapshot())
+def _costs(state: ServiceState, raw: bytes) -> Response:
+    return Response(200, state.meter.snapshot(state.backend.sessions()))
 
 
-def _set_costs(backend: TrainingSessionBackend, raw: bytes) -> Response:
+def _set_costs(state: ServiceState, raw: bytes) -> Response:
     try:
-        backend.costs = Costs.from_mapping(json.loads(raw or b"{}"))
+        costs = Costs.from_mapping(json.loads(raw or b"{}"))
     except (ValueError, TypeError) as e:
         return Response(400, {"message": str(e)}, error_code="ValidationException")
-    return _costs(backend, raw)
+    set_costs(state, costs)
+    return _costs(state, raw)
 
 
-def _requests(backend: TrainingSessionBackend, raw: bytes) -> Response:
-    return Response(200, {"requests": backend.requests.snapshot()})
+def _requests(state: ServiceState, raw: bytes) -> Response:
+    return Response(200, {"requests": state.requests.snapshot()})
 
 
-ADMIN_ROUTES: dict[tuple[str, str], Callable[[TrainingSessionBackend, bytes], Response]] = {
+def set_faults(state: ServiceState, faults: Faults) -> None:
+    if faults != state.injector.faults:
+        logger.info("faults set: %s", {k: v for k, v in faults.to_dict().items() if v != getattr(Faults(), k)})
+    state.injector.set(faults)
+
+
+def set_costs(state: ServiceState, costs: Costs) -> None:
+    """The cost model of sessions created from now on."""
+    if costs != state.meter.costs:
+        logger.info("cost model set for new sessions: %s",
+                    {k: v for k, v in costs.to_dict().items() if v != getattr(Costs(), k)} or "off")
+    state.meter.costs = costs
+
+
+ADMIN_ROUTES: dict[tuple[str, str], Callable[[ServiceState, bytes], Response]] = {
     ("GET", "/_admin/sessions"): _sessions,
     ("GET", "/_admin/faults"): _faults,
     ("POST", "/_admin/faults"): _set_faults,
@@ -187,13 +255,13 @@ ADMIN_ROUTES: dict[tuple[str, str], Callable[[TrainingSessionBackend, bytes], Re
 }
 
 
-def _admin(backend: TrainingSessionBackend, method: str, path: str, raw: bytes) -> Response:
+def _admin(state: ServiceState, method: str, path: str, raw: bytes) -> Response:
     handler = ADMIN_ROUTES.get((method, path))
     if handler is None:
         known = ", ".join(f"{m} {p}" for m, p in ADMIN_ROUTES)
         return Response(404, {"message": f"no admin route {method} {path}; try {known}"},
                         error_code="UnknownOperationException")
-    return handler(backend, raw)
+    return handler(state, raw)
 
 
 class RunningService:
@@ -208,24 +276,24 @@ class RunningService:
         self._thread.start()
 
     @property
-    def state(self) -> TrainingSessionBackend:
-        """The backend: sessions, model packages, fault injector, request log."""
-        return self._httpd.backend
+    def state(self) -> ServiceState:
+        """The backend (sessions, model packages), the fault injector, the cost model and the request log."""
+        return self._httpd.state
 
     def set_faults(self, faults: Faults) -> None:
-        self._httpd.backend.injector.set(faults)
+        set_faults(self._httpd.state, faults)
 
     def set_costs(self, costs: Costs) -> None:
         """The cost model of sessions created from now on."""
-        self._httpd.backend.costs = costs
+        set_costs(self._httpd.state, costs)
 
     def sessions(self) -> list[dict[str, Any]]:
         """Name, status and operation counts of every session."""
-        return self._httpd.backend.snapshot()
+        return self._httpd.state.backend.snapshot()
 
     def stop(self) -> None:
         self._httpd.shutdown()  # stop accepting; handler threads are daemons
-        self._httpd.backend.close()  # release held polls and the session workers
+        self._httpd.state.backend.close()  # release held polls and the session workers
         self._httpd.server_close()
         self._thread.join()
 
@@ -241,6 +309,9 @@ def start_service(host: str = "127.0.0.1", port: int = 0, faults: Faults | None 
                   gap_timeout_s: float = GAP_TIMEOUT_S) -> RunningService:
     """Serve on ``host:port`` (0 picks a free port) until ``.stop()``."""
     httpd = _Server((host, port), _Handler)
-    httpd.backend = TrainingSessionBackend(FaultInjector(faults), Path(state_dir) if state_dir else None,
-                                           gap_timeout_s=gap_timeout_s, poll_hold_s=poll_hold_s, costs=costs)
+    injector, meter = FaultInjector(faults), CostMeter(costs)
+    backend = TrainingSessionBackend(Path(state_dir) if state_dir else None, gap_timeout_s=gap_timeout_s,
+                                     poll_hold_s=poll_hold_s, hooks=(injector, meter),
+                                     latency_s=lambda: injector.latency_s)
+    httpd.state = ServiceState(backend, injector, meter)
     return RunningService(httpd)
