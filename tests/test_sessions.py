@@ -234,6 +234,9 @@ def test_orphans_are_running_sessions_of_jobs_not_running():
                                      (Owner(pipeline, "c"), 1, "Stopped"), (Owner(pipeline, "c"), 2, "Failed")])
     assert [s.name for s in orphans(sessions, {"a"})] == [Owner(pipeline, "b").session_name(1)]
     assert [s.job for s in orphans(sessions, {"a", "b"}, own_job="a")] == ["a"]
+    # A pipeline job's sessions carry its name without `pipelines-`: still matched to the running job's full name.
+    evaluation = pipeline_sessions_of([(Owner(pipeline, EVALUATE_JOB), 1, "Running")])
+    assert orphans(evaluation, {EVALUATE_JOB}) == [] and orphans(evaluation, {PIPELINE_JOB}) == evaluation
 
 
 def pipeline_sessions_of(rows):
