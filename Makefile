@@ -1,4 +1,5 @@
 # Every target runs inside .venv, which `make install` creates (idempotent).
+# `make` alone (or `make help`) lists the targets: the `## ` text after each target's name.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,15 +9,22 @@ PARAMS ?=
 WAIT ?=
 EXPERIMENT ?=
 YES ?=
+SOURCE ?=
 # `make pipeline-definition` works before config/config.yaml exists.
 DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
 IMAGE_NAME ?= dapo-steps
 IMAGE_TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+MLFLOW_PORT ?= 5000
 
-.PHONY: install test local-run pipeline-definition deploy-pipeline start-pipeline sessions stop-orphans \
-        build-image push-image data bench clean
+.DEFAULT_GOAL := help
+.PHONY: help install test local-run mlflow-ui pipeline-definition deploy-pipeline start-pipeline sessions \
+        stop-orphans build-image push-image data bench clean
 
-install: $(STAMP)
+help: ## this list (the default target)
+	@echo "usage: make TARGET [VAR=value ...]"
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-20s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
+
+install: $(STAMP) ## create .venv and install the pinned project (every target does this first)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,49 +32,48 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-test: install
+test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-local-run: install
-	$(BIN)/python -m local.run
+local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides parameters
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))
 
-# The definition SageMaker receives, built offline (no AWS call at all).
-pipeline-definition: install
+mlflow-ui: install ## the local runs' MLflow store (runs/mlflow.db) at http://127.0.0.1:5000 (MLFLOW_PORT=...)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+# Built offline: no AWS call at all.
+pipeline-definition: install ## write build/pipeline.json, the definition SageMaker receives (no AWS call)
 	$(BIN)/python -m pipeline.definition --config $(DEFINITION_CONFIG) --out build/pipeline.json
 
-deploy-pipeline: install
+deploy-pipeline: install ## create or update the pipeline from CONFIG (default config/config.yaml)
 	$(BIN)/python -m pipeline.deploy --config $(CONFIG)
 
-# PARAMS="BatchSize=64 MaxSteps=30" overrides parameters; WAIT=1 follows the execution;
 # EXPERIMENT=name logs this execution to that MLflow experiment (needs pipeline.mlflow_tracking_arn).
-start-pipeline: install
+start-pipeline: install ## start an execution; PARAMS="BatchSize=64 MaxSteps=30" overrides, WAIT=1 follows it
 	$(BIN)/python -m pipeline.start --config $(CONFIG) $(foreach p,$(PARAMS),--param $(p)) \
 		$(if $(EXPERIMENT),--mlflow-experiment $(EXPERIMENT)) $(if $(WAIT),--wait)
 
-# The pipeline's training sessions: owner job, attempt, status, age.
-sessions: install
+sessions: install ## the pipeline's training sessions: status, age, owner job, attempt
 	$(BIN)/python -m pipeline.sessions --config $(CONFIG)
 
-# Stops the Running sessions whose owning job is not running, after one question (YES=1 skips it).
-stop-orphans: install
+stop-orphans: install ## stop the Running sessions whose owner job is not running (asks once; YES=1 skips it)
 	$(BIN)/python -m pipeline.sessions --config $(CONFIG) --stop-orphans $(if $(YES),--yes)
 
-# Needs Docker (not run in CI).
-build-image: install
+build-image: install ## build the step image from containers/ (needs Docker; not run in CI)
 	docker build -f containers/Dockerfile -t $(IMAGE_NAME):$(IMAGE_TAG) .
 
-# Needs Docker and the aws CLI; creates the ECR repository if missing.
-push-image: build-image
+# Creates the ECR repository if missing.
+push-image: build-image ## build and push the step image to ECR (needs Docker and the aws CLI)
 	containers/push-image.sh $(IMAGE_NAME) $(IMAGE_TAG)
 
-# Needs internet: GSM8K from the Hugging Face hub to the configured S3 prefixes.
-data: install
-	$(BIN)/python -m pip install --quiet -e '.[data]'
-	$(BIN)/python -m pipeline.data --config $(CONFIG)
+data: install ## GSM8K from the Hugging Face hub to the configured S3 (SOURCE=dir: your own JSONL files)
+	$(if $(SOURCE),,$(BIN)/python -c 'import huggingface_hub, pyarrow' 2>/dev/null || \
+		$(BIN)/python -m pip install --quiet -e '.[data]')
+	$(BIN)/python -m pipeline.data --config $(CONFIG) $(if $(SOURCE),--source $(SOURCE))
 
-bench: install
+bench: install ## the benchmarks; writes bench/results.json
 	$(BIN)/python -m bench
 
-clean:
+clean: ## remove build/, runs/ and pytest's cache
 	rm -rf build runs .pytest_cache

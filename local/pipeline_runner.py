@@ -42,8 +42,8 @@ from pipeline.expressions import (
 )
 from steps.platform.ownership import ENV_LOCAL_JOBS, ENV_PROCESSING_JOB, LocalJobs
 
-# What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh).
-IMAGE_COMMANDS = {"train": [sys.executable, "-m", "steps.train"]}
+# What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh): the step under its supervisor.
+IMAGE_COMMANDS = {"train": [sys.executable, "-m", "steps.supervise", "--", sys.executable, "-m", "steps.train"]}
 
 
 class PipelineFailed(RuntimeError):

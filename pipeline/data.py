@@ -1,14 +1,22 @@
-"""``python -m pipeline.data --config X`` (``make data``): GSM8K from the Hugging Face hub to S3 as JSONL.
+"""``python -m pipeline.data --config X [--source DIR]`` (``make data [SOURCE=DIR]``): GSM8K to S3 as JSONL.
 
-Downloads the ``openai/gsm8k`` ``main`` parquet files (train and test) and
-uploads them as JSONL rows ``{"question", "answer"}`` to the config's
-``pipeline.train_s3_uri`` and ``pipeline.eval_s3_uri``. Needs internet; not run in CI.
+Without ``--source`` it downloads the ``openai/gsm8k`` ``main`` parquet files (train and
+test) from the Hugging Face hub, which needs internet; with ``--source DIR`` it uploads the
+GSM8K JSONL files you already have (a train file and a test or eval file in DIR), after the
+project's own validator (steps/validate.py) accepts them: data that could not train is
+refused with the validator's message and nothing is uploaded. Either way the rows go to the
+config's ``pipeline.train_s3_uri`` and ``pipeline.eval_s3_uri`` as ``gsm8k-train.jsonl`` and
+``gsm8k-test.jsonl``, so running it again replaces them. Not run in CI.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import re
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from pipeline.aws import UserError, aws_session, cli_main, resolve_region
@@ -18,6 +26,13 @@ from steps.platform.versions import require_training_session_sdk
 GSM8K_REPO = "openai/gsm8k"
 GSM8K_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
 COLUMNS = ("question", "answer")
+#: Words a file name in --source holds to be taken for that split (train.jsonl, gsm8k-test.jsonl, eval.jsonl).
+SPLIT_WORDS = {"train": ("train",), "test": ("test", "eval")}
+#: Seconds the one request that tells whether the hub answers may take. huggingface_hub itself retries an
+#: unanswered request with backoff for ~25 s before it gives up; offline, one short try says as much.
+HUB_TIMEOUT = 10.0
+NO_HUB_HINT = ("check the connection (behind a proxy: HTTPS_PROXY), or upload the GSM8K JSONL files you have: "
+               "make data SOURCE=<dir with train.jsonl and test.jsonl>")
 
 
 def parquet_rows(path: str) -> Iterator[dict[str, Any]]:
@@ -50,18 +65,96 @@ def upload_jsonl(s3: Any, rows: Iterable[Mapping[str, Any]], s3_uri: str, filena
     return f"s3://{bucket}/{key}", count
 
 
-def download(split: str) -> str:
+# -- --source: the files you have --------------------------------------------------------------
+def source_files(directory: Path) -> dict[str, Path]:
+    """The train and test files of ``directory``: the one .jsonl whose name holds each split's word."""
+    if not directory.is_dir():
+        raise UserError(f"SOURCE={directory}: not a directory; give the folder that holds train.jsonl and test.jsonl")
+    candidates = sorted(directory.glob("*.jsonl"))
+    found = {}
+    for split, words in SPLIT_WORDS.items():
+        matches = [f for f in candidates if set(re.split(r"[-_. ]", f.stem.lower())) & set(words)]
+        if len(matches) != 1:
+            names = ", ".join(f.name for f in (matches or candidates)) or "no .jsonl file"
+            problem = "no" if not matches else f"{len(matches)}"
+            raise UserError(f"SOURCE={directory}: {problem} {split} files (a .jsonl named with "
+                            f"{' or '.join(repr(w) for w in words)}, e.g. {words[0]}.jsonl) among: {names}; "
+                            "keep exactly one per split in the folder")
+        found[split] = matches[0]
+    return found
+
+
+def validated_source(directory: Path, batch_size: int) -> dict[str, Path]:
+    """The source files, once steps.validate accepts them as they will be trained on (``batch_size``: the
+    config's); the validator's own message otherwise. The prompt-length check needs the base model's
+    tokenizer: ValidateData runs it in the pipeline."""
+    from steps.validate import validate
+
+    paths = source_files(directory)
+    with tempfile.TemporaryDirectory() as out:
+        report = validate(str(paths["train"]), str(paths["test"]), batch_size, Path(out))
+    if report["status"] != "accepted":
+        raise UserError(f"{directory}: nothing uploaded (--batch-size is the config's dapo.batch_size, {batch_size}); "
+                        f"{report['message']}")
+    print(report["message"])
+    return paths
+
+
+def other_jsonl(s3: Any, bucket: str, key: str) -> list[str]:
+    """.jsonl objects beside ``key`` under its prefix: the pipeline reads every one of them as data."""
+    prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])
+            if o["Key"].endswith(".jsonl") and o["Key"] != key]
+
+
+# -- the hub ----------------------------------------------------------------------------------
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What the hub client raises when no answer comes (DNS, refused, timeout, proxy): OSError, and the
+    transport errors of whichever HTTP library this huggingface_hub version uses."""
+    errors: list[type[BaseException]] = [OSError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "RequestException")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def hub_files() -> dict[str, str]:
+    """The two parquet files, downloaded (or from the local cache when the hub does not answer)."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError:
         raise UserError("make data needs huggingface_hub: pip install -e '.[data]'") from None
-    return hf_hub_download(repo_id=GSM8K_REPO, filename=GSM8K_FILES[split], repo_type="dataset")
+
+    def fetch(split: str, cached_only: bool = False) -> str:
+        return hf_hub_download(repo_id=GSM8K_REPO, filename=GSM8K_FILES[split], repo_type="dataset",
+                               local_files_only=cached_only)
+
+    url = hf_hub_url(GSM8K_REPO, GSM8K_FILES["train"], repo_type="dataset")
+    try:
+        get_hf_file_metadata(url, timeout=HUB_TIMEOUT)  # one request, no retries
+    except HfHubHTTPError:
+        pass  # the hub answered: hf_hub_download reports what it said
+    except _network_errors() as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        try:
+            paths = {split: fetch(split, cached_only=True) for split in GSM8K_FILES}
+        except LocalEntryNotFoundError:
+            raise UserError(f"cannot reach the Hugging Face hub for {GSM8K_REPO} ({reason}); {NO_HUB_HINT}") from None
+        print(f"note: the Hugging Face hub did not answer ({reason}); using the copies in its local cache")
+        return paths
+    return {split: fetch(split) for split in GSM8K_FILES}
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.data", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="YAML config; uses pipeline.train_s3_uri and pipeline.eval_s3_uri")
+    p.add_argument("--source", metavar="DIR", help="upload the GSM8K JSONL files in DIR (a train file and a test "
+                                                  "or eval file) instead of downloading GSM8K; validated first")
     args = p.parse_args(argv)
 
     require_training_session_sdk()
@@ -69,10 +162,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     left = [k for k in find_placeholders(run) if k in ("pipeline.train_s3_uri", "pipeline.eval_s3_uri")]
     if left:
         raise UserError(f"{args.config}: fill in {', '.join(left)} first")
+    # What can fail without AWS does first: the files are validated, or the hub reached, before any S3 call.
+    mine = validated_source(Path(args.source), run.dapo.batch_size) if args.source else None
+    parquet = None if mine else hub_files()
     s3 = aws_session(resolve_region(run.session.region, args.config)).client("s3")
     for split, uri in (("train", cfg.train_s3_uri), ("test", cfg.eval_s3_uri)):
-        dest, n = upload_jsonl(s3, parquet_rows(download(split)), uri, f"gsm8k-{split}.jsonl")
-        print(f"{split}: {n} rows -> {dest}")
+        filename = f"gsm8k-{split}.jsonl"
+        if mine:
+            bucket, key = jsonl_destination(uri, filename)
+            s3.upload_file(str(mine[split]), bucket, key)
+            print(f"{split}: {mine[split]} -> s3://{bucket}/{key}")
+        else:
+            dest, n = upload_jsonl(s3, parquet_rows(parquet[split]), uri, filename)
+            bucket, key = jsonl_destination(uri, filename)
+            print(f"{split}: {n} rows -> {dest}")
+        others = other_jsonl(s3, bucket, key)
+        if others:
+            print(f"note: s3://{bucket}/{key.rsplit('/', 1)[0]}/ also holds {', '.join(others)}: the pipeline reads "
+                  "every .jsonl under the prefix", file=sys.stderr)
     return 0
 
 

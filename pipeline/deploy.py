@@ -1,9 +1,9 @@
 """``python -m pipeline.deploy --config config/config.yaml``: create or update the pipeline.
 
-Checks what it can before the upsert and fails with one line naming the fix: no
-region, no credentials, then :mod:`pipeline.preflight` (placeholders, the base model,
-the roles, the image, the data, the Public Hub). The definition it sends is the one
-``make pipeline-definition`` writes, built offline.
+Checks what it can before the upsert and fails with one line naming the fix: first what
+needs no AWS (placeholders, the region, the base model), then the credentials, then the rest
+of :mod:`pipeline.preflight` (the roles, the image, the data, the Public Hub). The definition
+it sends is the one ``make pipeline-definition`` writes, built offline.
 """
 from __future__ import annotations
 
@@ -54,7 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     require_training_session_sdk()
     cfg, run = load(args.config)
+    # What needs no AWS is refused before the region, the credentials or any call: a placeholder first.
+    preflight.check_placeholders(run, args.config)
     region = resolve_region(run.session.region, args.config)
+    preflight.check_offline(run, args.config, region)
     action, arn = deploy(cfg, run, aws_session(region), args.config)
     print(f"{action} pipeline '{cfg.name}' in {region}: {arn}")
     print(f"console: {console_url(region, f'pipelines/{cfg.name}')}")

@@ -58,6 +58,7 @@ from sagemaker.mlops.workflow.retry import (
 from sagemaker.mlops.workflow.steps import ProcessingStep, TrainingStep
 from sagemaker.train.model_trainer import ModelTrainer
 
+from steps import supervise
 from steps.config import PipelineConfig, RunConfig, to_dict
 from steps.config.parameters import HYPERPARAMETERS, PARAMETERS
 from steps.platform import tracking
@@ -229,7 +230,8 @@ def _processor(cfg: PipelineConfig, params: dict[str, Any], module: str, session
         image_uri=params["ImageUri"],
         instance_count=1,
         instance_type=params["ProcessingInstanceType"],
-        entrypoint=["python", "-m", f"steps.{module}"],
+        # EvaluateModel creates a training session: run under steps.supervise, as the image's `train` is.
+        entrypoint=[*(supervise.ENTRYPOINT if module == "evaluate" else ()), "python", "-m", f"steps.{module}"],
         base_job_name=f"dapo-{module}",
         max_runtime_in_seconds=cfg.processing_max_runtime_seconds,
         volume_kms_key=cfg.volume_kms_key_arn,

@@ -64,10 +64,16 @@ def before_start(session: boto3.Session, run: RunConfig, source: str, overridden
     check_all(session, run, source, overridden)
 
 
+def check_offline(run: RunConfig, source: str, region: str, overridden: Collection[str] = ()) -> str:
+    """The checks that need no AWS (no credentials, no call): placeholders, then the base model; returns its Hub
+    content name. ``make deploy-pipeline`` runs them before it looks for credentials."""
+    check_placeholders(run, source)
+    return check_base_model(run.session.base_model, region, label("BaseModel", overridden))
+
+
 def check_all(session: boto3.Session, run: RunConfig, source: str, overridden: Collection[str]) -> None:
     """Offline checks first, then the read-only calls; a value set by a parameter is named as that parameter."""
-    check_placeholders(run, source)
-    model = check_base_model(run.session.base_model, session.region_name, label("BaseModel", overridden))
+    model = check_offline(run, source, session.region_name, overridden)
     roles = {"pipeline.role_arn": run.pipeline.role_arn}
     if run.session.role_arn and run.session.role_arn != run.pipeline.role_arn:
         roles["session.role_arn"] = run.session.role_arn  # the role the training session assumes

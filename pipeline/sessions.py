@@ -1,8 +1,9 @@
 """``python -m pipeline.sessions --config X [--stop-orphans [--yes]]``: the pipeline's training sessions.
 
 ``make sessions`` lists every training session of the pipeline that the service still lists,
-newest first: status, age, whether its owning training job is running, the attempt, the job
-and the session's name (steps/platform/ownership.py says how a name records its owner).
+newest first: status, age, whether its owner job (TrainDAPO's training job, EvaluateModel's
+processing job) is running, the attempt, the owner job's name and the session's name
+(steps/platform/ownership.py says how a name records its owner).
 
 ``make stop-orphans`` stops the Running ones whose owning job is not running, after one
 question for all of them (``YES=1`` answers it), and prints each session it stopped.
@@ -22,6 +23,7 @@ from steps.platform.ownership import (
     OwnedSession,
     job_key,
     orphans,
+    owner_job,
     pipeline_key,
     pipeline_sessions,
     running_jobs,
@@ -32,8 +34,8 @@ from steps.platform.versions import require_training_session_sdk
 
 def table(sessions: list[OwnedSession], running: set[str], now: datetime) -> list[str]:
     live = {job_key(job) for job in running}
-    rows = [("status", "age", "job running", "attempt", "training job", "session")]
-    rows += [(s.status, s.age(now), "yes" if s.job in live else "no", str(s.attempt), s.job, s.name)
+    rows = [("status", "age", "job running", "attempt", "owner job", "session")]
+    rows += [(s.status, s.age(now), "yes" if s.job in live else "no", str(s.attempt), owner_job(s.job), s.name)
              for s in sessions]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
@@ -62,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.sessions", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="YAML config with a pipeline section (its name and region)")
     p.add_argument("--stop-orphans", action="store_true",
-                   help="stop the Running sessions whose owning training job is not running")
+                   help="stop the Running sessions whose owner job is not running")
     p.add_argument("--yes", action="store_true", help="stop them without asking")
     args = p.parse_args(argv)
 

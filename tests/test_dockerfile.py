@@ -154,14 +154,15 @@ def run_entrypoint(env: dict[str, str], *args: str) -> subprocess.CompletedProce
     return subprocess.run([sh, str(ENTRYPOINT), *args], capture_output=True, text=True, env=env)
 
 
-def test_entrypoint_train_runs_the_training_step(fake_python):
+def test_entrypoint_train_runs_the_training_step_under_its_supervisor(fake_python):
+    """steps.supervise stops the step's training session if the step's process is killed (tests/test_supervise.py)."""
     result = run_entrypoint(fake_python, "train")
-    assert result.returncode == 0 and result.stdout.strip() == "python -m steps.train"
+    assert result.returncode == 0 and result.stdout.strip() == "python -m steps.supervise -- python -m steps.train"
 
 
 def test_entrypoint_passes_extra_train_arguments(fake_python):
     result = run_entrypoint(fake_python, "train", "--checkpoint-dir", "/tmp/c")
-    assert result.stdout.strip() == "python -m steps.train --checkpoint-dir /tmp/c"
+    assert result.stdout.strip() == "python -m steps.supervise -- python -m steps.train --checkpoint-dir /tmp/c"
 
 
 def test_entrypoint_runs_any_other_command(fake_python):

@@ -262,7 +262,8 @@ def test_hyperparameters_carry_the_whole_config(definition, built):
 def test_evaluate_step_contract(definition):
     s = step(definition, "EvaluateModel")
     app = s["Arguments"]["AppSpecification"]
-    assert app["ContainerEntrypoint"] == ["python", "-m", "steps.evaluate"]
+    # Under the supervisor that stops its training session if its process is killed (steps/supervise.py).
+    assert app["ContainerEntrypoint"] == ["python", "-m", "steps.supervise", "--", "python", "-m", "steps.evaluate"]
     assert app["ContainerArguments"][:6] == [
         "--model", "/opt/ml/processing/input/model",
         "--eval", "/opt/ml/processing/input/eval",

@@ -11,6 +11,7 @@ import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from moto import mock_aws
 
 from pipeline import deploy as deploy_cmd
@@ -172,6 +173,36 @@ def test_deploy_cli_refuses_placeholders(tmp_path, capsys):
     assert err.startswith("error: ") and "'pipeline.image_uri'" in err and "Traceback" not in err
 
 
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An environment where boto3 finds no credentials (and asks no instance metadata service)."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_deploy_cli_reports_placeholders_and_the_base_model_before_asking_for_credentials(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A fresh copy of the example config on a machine with no AWS set up: the placeholders are the first
+    thing to fix, named before the region or the credentials are looked for."""
+    no_aws_credentials(monkeypatch, tmp_path)
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    assert deploy_cmd.main(["--config", str(LOCAL.parent / "config.yaml.example")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "still <PLACEHOLDER> values from the example" in err
+    assert "'pipeline.image_uri'" in err and "credentials" not in err
+
+    path = write_config(tmp_path, session={"base_model": yaml.safe_load(LOCAL.read_text())["session"]["base_model"]})
+    assert deploy_cmd.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 'session.base_model': local-toy-arith is the local training-session service's "
+                          "toy model") and "credentials" not in err
+
+
 def test_deploy_cli_refuses_a_missing_image_uri(tmp_path, capsys):
     path = write_config(tmp_path, pipeline={"image_uri": None})
     assert deploy_cmd.main(["--config", str(path)]) == 2
@@ -189,13 +220,7 @@ def test_deploy_cli_without_a_region(tmp_path, capsys, monkeypatch):
 
 
 def test_deploy_cli_without_credentials(tmp_path, config, capsys, monkeypatch):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                "AWS_WEB_IDENTITY_TOKEN_FILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    no_aws_credentials(monkeypatch, tmp_path)
     assert deploy_cmd.main(["--config", str(config)]) == 2
     assert "no AWS credentials found" in capsys.readouterr().err
 

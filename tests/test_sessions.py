@@ -33,6 +33,7 @@ from steps.platform.ownership import (
     claim_session_name,
     job_key,
     orphans,
+    owner_job,
     parse,
     pipeline_key,
     pipeline_sessions,
@@ -46,6 +47,8 @@ NAME_PATTERN = botocore.session.get_session().get_service_model("sagemaker").sha
     "TrainingSessionName").metadata["pattern"]
 #: A pipeline's TrainDAPO job: pipelines-<execution id>-<step name>-<10 characters> (pipeline/checks.py).
 PIPELINE_JOB = "pipelines-abc123def456-TrainDAPO-0123456789"
+#: Its EvaluateModel job, 47 characters: a processing job, named the same way.
+EVALUATE_JOB = "pipelines-abc123def456-EvaluateModel-0123456789"
 
 
 def a_pipeline() -> str:
@@ -64,7 +67,7 @@ def statuses(service, pipeline: str) -> dict[str, str]:
 
 
 # -- names -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("job", [PIPELINE_JOB, "TrainDAPO-20261202-162126", "j", "x" * 63,
+@pytest.mark.parametrize("job", [PIPELINE_JOB, EVALUATE_JOB, "TrainDAPO-20261202-162126", "j", "x" * 63,
                                  "pipelines-abc123def456-" + "A-very-long-step-name" * 2])
 @pytest.mark.parametrize("attempt", [1, 999])
 def test_a_name_fits_the_api_and_reads_back_as_its_owner(job, attempt):
@@ -74,10 +77,18 @@ def test_a_name_fits_the_api_and_reads_back_as_its_owner(job, attempt):
     assert parse(name, pipeline_key("dapo-gsm8k")) == (job_key(job), attempt)
 
 
-def test_a_pipeline_job_name_is_carried_whole_and_a_longer_one_is_hashed_apart():
-    assert Owner("dapo-gsm8k", PIPELINE_JOB).session_name(1) == f"{pipeline_key('dapo-gsm8k')}-{PIPELINE_JOB}-1"
-    long_a, long_b = "x" * 60 + "a", "x" * 60 + "b"
-    assert job_key(long_a) != job_key(long_b)
+def test_a_pipeline_jobs_name_is_carried_whole_but_its_pipelines_prefix_and_reads_back_as_the_job():
+    """The session names of a real execution's two session-creating jobs, within the API's 63 characters."""
+    key = pipeline_key("dapo-gsm8k")
+    train, evaluate = (Owner("dapo-gsm8k", job).session_name(1) for job in (PIPELINE_JOB, EVALUATE_JOB))
+    assert train == f"{key}-abc123def456-TrainDAPO-0123456789-1" and len(train) == 49
+    assert evaluate == f"{key}-abc123def456-EvaluateModel-0123456789-1" and len(evaluate) == 53
+    for job in (PIPELINE_JOB, EVALUATE_JOB, "TrainDAPO-20261202-162126", "job-gone"):
+        assert owner_job(job_key(job)) == job  # what `make sessions` shows under "owner job"
+    # A step name of up to 21 characters fits whole; a longer job name keeps its start and a hash of the whole.
+    assert job_key(f"pipelines-abc123def456-{'S' * 21}-0123456789") == f"abc123def456-{'S' * 21}-0123456789"
+    long_a, long_b = (f"pipelines-abc123def456-{'S' * 22}-012345678{c}" for c in "ab")
+    assert job_key(long_a) != job_key(long_b) and job_key(long_a).startswith(f"abc123def456-{'S' * 22}")
 
 
 def test_names_of_one_pipeline_are_never_read_as_anothers():
@@ -223,6 +234,9 @@ def test_orphans_are_running_sessions_of_jobs_not_running():
                                      (Owner(pipeline, "c"), 1, "Stopped"), (Owner(pipeline, "c"), 2, "Failed")])
     assert [s.name for s in orphans(sessions, {"a"})] == [Owner(pipeline, "b").session_name(1)]
     assert [s.job for s in orphans(sessions, {"a", "b"}, own_job="a")] == ["a"]
+    # A pipeline job's sessions carry its name without `pipelines-`: still matched to the running job's full name.
+    evaluation = pipeline_sessions_of([(Owner(pipeline, EVALUATE_JOB), 1, "Running")])
+    assert orphans(evaluation, {EVALUATE_JOB}) == [] and orphans(evaluation, {PIPELINE_JOB}) == evaluation
 
 
 def pipeline_sessions_of(rows):
@@ -244,7 +258,7 @@ def write_config(tmp_path: Path, pipeline: str) -> Path:
 def two_sessions(service_client, tmp_path):
     """A pipeline with a session whose job runs (in moto) and an orphan, and the config naming the pipeline."""
     pipeline = a_pipeline()
-    live, dead = Owner(pipeline, "job-running"), Owner(pipeline, "job-gone")
+    live, dead = Owner(pipeline, PIPELINE_JOB), Owner(pipeline, EVALUATE_JOB)
     clients = [create(service_client, live.session_name(1)), create(service_client, dead.session_name(1))]
     with mock_aws():
         boto3.client("sagemaker", region_name=REGION).create_training_job(
@@ -264,6 +278,7 @@ def test_make_sessions_lists_owner_attempt_state_and_age(two_sessions, service_c
     assert sessions_cmd.main(["--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert f"names start {pipeline_key(live.pipeline)}-): 2, 2 Running, 1 of them orphaned" in out
+    assert out.splitlines()[1].split() == ["status", "age", "job", "running", "attempt", "owner", "job", "session"]
     rows = {line.split()[-1]: line.split() for line in out.splitlines()[2:]}
     assert rows[live.session_name(1)][:1] + rows[live.session_name(1)][2:] == ["Running", "yes", "1", live.job,
                                                                                 live.session_name(1)]

@@ -14,9 +14,11 @@ job is not running before it creates its own.
   fixed length it cannot be mistaken for the start of another key;
 * job: the training job's name (``TRAINING_JOB_NAME``, set by SageMaker) or the processing
   job's (``ProcessingJobName`` of ``/opt/ml/config/processingjobconfig.json``, which SageMaker
-  writes into every processing container; ``PROCESSING_JOB_NAME`` where a runner sets it), whole
-  when it fits (a pipeline's ``pipelines-<execution id>-TrainDAPO-<10 characters>`` is 43
-  characters), else its first characters and 8 hex digits of the whole;
+  writes into every processing container; ``PROCESSING_JOB_NAME`` where a runner sets it),
+  without the ``pipelines-`` every pipeline job's name starts with (the pipeline key already says
+  whose it is): ``<execution id>-<step name>-<10 characters>``, 33 characters for TrainDAPO's
+  job and 37 for EvaluateModel's, whole within the 45 left (a step name of up to 21 characters
+  fits); a longer one keeps its first characters and 8 hex digits of the whole name;
 * attempt: one more than the highest attempt of this job's sessions so far, so a job whose
   process starts again (SageMaker retrying the job, a restart) names its next session anew.
 
@@ -29,6 +31,10 @@ the step logs them with the session's name.
 **Which jobs run**: :class:`SageMakerJobs` lists the InProgress training and processing jobs. Locally there are
 no real jobs: :class:`LocalJobs` is the register the local runner (and the tests) keep of the
 jobs they run, a file per job naming the process that runs it (``DAPO_LOCAL_JOBS_DIR``).
+
+**Who stops a session** whose job's process died: the step itself on every exit it lives
+through; its supervisor (steps/supervise.py, the container's entry point) when the process is
+killed, e.g. by the out-of-memory killer; else the next job's sweep, or ``make stop-orphans``.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -59,6 +66,11 @@ HASH_CHARS = 8
 MAX_ATTEMPT = 999
 #: What is left of a name for the job: prefix, '-', hash, '-', job, '-', attempt.
 JOB_ROOM = NAME_MAX - len(PREFIX) - 1 - HASH_CHARS - 1 - 1 - len(str(MAX_ATTEMPT))
+#: SageMaker Pipelines names an execution's jobs ``pipelines-<execution id>-<step name>-<10 characters>``.
+PIPELINE_JOB_PREFIX = "pipelines-"
+_EXECUTION_ID = re.compile(r"[a-z0-9]{12}-")
+#: Session states that bill or are about to (botocore's TrainingSessionStatus): what a dead job's supervisor stops.
+ACTIVE = frozenset({"Created", "Scheduled", "Blocked", "Running"})
 
 
 def _digest(text: str) -> str:
@@ -71,13 +83,21 @@ def pipeline_key(pipeline: str) -> str:
 
 
 def job_key(job: str) -> str:
-    """A job's name as its sessions' names carry it."""
-    return job if len(job) <= JOB_ROOM else job[: JOB_ROOM - HASH_CHARS] + _digest(job)
+    """A job's name as its sessions' names carry it: a pipeline job's without ``pipelines-``; whole when it fits."""
+    rest = job[len(PIPELINE_JOB_PREFIX):]
+    short = rest if job.startswith(PIPELINE_JOB_PREFIX) and _EXECUTION_ID.match(rest) else job
+    return short if len(short) <= JOB_ROOM else short[: JOB_ROOM - HASH_CHARS] + _digest(job)
+
+
+def owner_job(key: str) -> str:
+    """The owning job's name as the console shows it, from the part of a session's name that carries it
+    (:func:`job_key`): a pipeline job's gets its ``pipelines-`` back."""
+    return PIPELINE_JOB_PREFIX + key if _EXECUTION_ID.match(key) else key
 
 
 @dataclass(frozen=True)
 class Owner:
-    """The pipeline and training job a TrainDAPO process runs for."""
+    """The pipeline and job a TrainDAPO or EvaluateModel process runs for (its training or processing job)."""
 
     pipeline: str
     job: str
@@ -231,8 +251,18 @@ def stop_sessions(service: Any, sessions: list[OwnedSession], say: Callable[[str
     now = datetime.now(timezone.utc)
     for s in sessions:
         service.stop_session(s.name)
-        say(f"stopped orphaned training session {s.name} (job {s.job}, attempt {s.attempt}, "
+        say(f"stopped orphaned training session {s.name} (job {owner_job(s.job)}, attempt {s.attempt}, "
             f"created {s.age(now)} ago): nothing runs it any more")
+
+
+def stop_jobs_sessions(service: Any, owner: Owner) -> list[OwnedSession]:
+    """Stop every session of the owner's job that bills or is about to, once the job's step process is dead
+    (a job runs one step process at a time, so nothing uses them any more); returns the ones it stopped."""
+    mine = job_key(owner.job)
+    left = [s for s in pipeline_sessions(service, owner.pipeline) if s.job == mine and s.status in ACTIVE]
+    for s in left:
+        service.stop_session(s.name)
+    return left
 
 
 def claim_session_name(service: Any, owner: Owner, jobs: RunningJobs) -> str:
@@ -247,7 +277,7 @@ def claim_session_name(service: Any, owner: Owner, jobs: RunningJobs) -> str:
     mine = job_key(owner.job)
     attempt = 1 + max((s.attempt for s in sessions if s.job == mine), default=0)
     if attempt > MAX_ATTEMPT:
-        raise Refused(f"training job {owner.job} has created {MAX_ATTEMPT} training sessions already; "
+        raise Refused(f"job {owner.job} has created {MAX_ATTEMPT} training sessions already; "
                       "start a new execution")
     return owner.session_name(attempt)
 

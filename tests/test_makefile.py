@@ -1,0 +1,54 @@
+"""The Makefile does what its help says: `make` alone lists every target, variables reach the commands, and the
+README says how to run the `python -m` commands in `.venv`. `make -n` prints the commands without running them."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make(*args: str) -> str:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def phony_targets() -> list[str]:
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if line.startswith(".PHONY:")]
+    return line.split(":", 1)[1].split()
+
+
+def test_make_alone_is_help_with_one_line_per_target():
+    listed = make()
+    assert listed == make("help")
+    lines = listed.splitlines()[1:]
+    names = [line.split()[0] for line in lines]
+    assert sorted(names) == sorted(phony_targets())  # every target, once; nothing else
+    assert all(len(line.split(None, 1)) == 2 for line in lines)  # each with its text
+
+
+def test_local_run_passes_params_on():
+    out = make("-n", "local-run", 'PARAMS=MaxSteps=5 BatchSize=8')
+    assert re.search(r"^\S+python -m local\.run --param MaxSteps=5 --param BatchSize=8\s*$", out, re.M), out
+    assert re.search(r"^\S+python -m local\.run\s*$", make("-n", "local-run"), re.M)
+
+
+def test_data_passes_source_on_and_needs_no_download_extra_for_it():
+    out = make("-n", "data", "SOURCE=/data/gsm8k", "CONFIG=c.yaml")
+    assert re.search(r"python -m pipeline\.data --config c\.yaml --source /data/gsm8k\s*$", out, re.M), out
+    assert "pip install" not in out
+    assert re.search(r"python -m pipeline\.data --config c\.yaml\s*$", make("-n", "data", "CONFIG=c.yaml"), re.M)
+
+
+def test_mlflow_ui_serves_the_local_runs_store_on_loopback():
+    out = make("-n", "mlflow-ui", "MLFLOW_PORT=5123")
+    assert f"mlflow ui --backend-store-uri sqlite:///{ROOT}/runs/mlflow.db --host 127.0.0.1 --port 5123" in out
+
+
+def test_readme_shows_activating_the_venv_before_python_m_and_mlflow_ui():
+    readme = (ROOT / "README.md").read_text()
+    start = readme.split("## Start here", 1)[1].split("\n## ", 1)[0]
+    assert "source .venv/bin/activate" in start and "make mlflow-ui" in start
+    assert 'make local-run PARAMS="MaxSteps=5 BatchSize=8"' in start and "make help" in start
