@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from steps.dapo import curves
+from steps.dapo import curves, rollouts
 
 # file name in the step work dirs -> (step, name in runs/<id>/)
 ARTIFACTS = {
@@ -42,11 +42,22 @@ def mlflow_store(runs_dir: Path, experiment: str) -> str:
     return uri
 
 
+def _outputs(workdir: Path, step: str, name: str) -> list[Path]:
+    if not (workdir / step).exists():
+        return []
+    return sorted(p for p in (workdir / step).rglob(name) if "input" not in p.parts)
+
+
 def collect(workdir: Path, run_dir: Path) -> None:
     for name, step in ARTIFACTS.items():
-        found = [p for p in (workdir / step).rglob(name) if "input" not in p.parts] if (workdir / step).exists() else []
+        found = _outputs(workdir, step, name)
         if found:
             shutil.copy(found[0], run_dir / name)
+    write_base_evaluation(run_dir)
+    # Rollouts (steps/dapo/rollouts.py): the in-training evaluations' (TrainDAPO), then the final one's.
+    shown = [p for step in ("TrainDAPO", "EvaluateModel") for p in _outputs(workdir, step, rollouts.FILE)[:1]]
+    if shown:
+        (run_dir / rollouts.FILE).write_text("".join(p.read_text() for p in shown))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         plot_curves(metrics, run_dir / "curves.png")
@@ -55,6 +66,15 @@ def collect(workdir: Path, run_dir: Path) -> None:
             from mlflow.tracking import MlflowClient
 
             MlflowClient(tracking_uri=run["tracking_uri"]).log_artifact(run["run_id"], str(run_dir / "curves.png"))
+
+
+def write_base_evaluation(run_dir: Path) -> None:
+    """evaluation_base.json: the base model's figures of the paired evaluation, in evaluation.json's own layout
+    (EvaluateModel graded both models in one step; SPEC lists the file)."""
+    path = run_dir / "evaluation.json"
+    base = json.loads(path.read_text()).get("base") if path.exists() else None
+    if base:
+        (run_dir / "evaluation_base.json").write_text(json.dumps({**base, "evaluated": "base_model"}, indent=2))
 
 
 def registry_entry(run_dir: Path, env: dict[str, str]) -> dict[str, Any] | None:
@@ -115,10 +135,7 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
     if model.get("stopped_early"):
         lines.append(f"  training STOPPED EARLY after {model.get('steps_completed')} optimizer steps: "
                      f"{model.get('stop_reason')}")
-    trained, base = _accuracy(run_dir / "evaluation.json"), _accuracy(run_dir / "evaluation_base.json")
-    if trained is not None:
-        gain = f" (base model {base:.3f}, {100 * (trained - base):+.1f} points)" if base is not None else ""
-        lines.append(f"  greedy eval accuracy: {trained:.3f}{gain}")
+    lines += evaluation_lines(run_dir)
     outcome = "succeeded, model approved" if failure is None else f"FAILED at {failure.step}: {failure.message}"
     lines.append(f"  outcome: {outcome}")
     if package:
@@ -130,6 +147,7 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
         store = run["tracking_uri"]
         lines.append(f"  mlflow: run {run['run_id']} in experiment '{run['experiment']}'; "
                      f"see it with: mlflow ui --backend-store-uri {store}")
+    lines += rollout_lines(run_dir, run)
     running = [s for s in sessions if s.get("status") not in ("Stopped", "Failed")]
     lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
     if sessions:  # the pipeline's jobs name theirs after themselves; the base model's evaluation runs outside it
@@ -138,3 +156,50 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
     text = "\n".join(lines)
     (run_dir / "summary.txt").write_text(text + "\n")
     return text
+
+
+def _with_interval(metric: dict[str, Any]) -> str:
+    return f"{metric['value']:.3f} (95% CI {metric['ci95_low']:.3f}-{metric['ci95_high']:.3f})"
+
+
+def evaluation_lines(run_dir: Path) -> list[str]:
+    """The paired evaluation: both accuracies with intervals, the difference with its interval, pass@k, maj@k."""
+    path = run_dir / "evaluation.json"
+    if not path.exists():
+        return []
+    evaluation = json.loads(path.read_text())
+    trained, base, gain = evaluation["metrics"], (evaluation.get("base") or {}).get("metrics"), \
+        evaluation.get("improvement")
+    if base is None or gain is None:  # an evaluation.json of before the paired evaluation
+        return [f"  greedy eval accuracy: {trained['accuracy']['value']:.3f}"]
+    lines = [f"  greedy eval accuracy on {evaluation['n']} held-out questions: trained "
+             f"{_with_interval(trained['accuracy'])}, base {_with_interval(base['accuracy'])}",
+             f"  improvement: {100 * gain['value']:+.1f} points (95% CI {100 * gain['ci95_low']:+.1f} to "
+             f"{100 * gain['ci95_high']:+.1f}; {gain['trained_only_correct']} questions only the trained adapter got "
+             f"right, {gain['base_only_correct']} only the base model; exact McNemar p={gain['p_value']:.2g})"]
+    if "pass_at_k" in trained:
+        k, temperature = trained["pass_at_k"]["k"], trained["pass_at_k"]["temperature"]
+        lines.append(f"  {k} samples per question at temperature {temperature:g}: pass@{k} trained "
+                     f"{trained['pass_at_k']['value']:.3f}, base {base['pass_at_k']['value']:.3f}; maj@{k} trained "
+                     f"{trained['maj_at_k']['value']:.3f}, base {base['maj_at_k']['value']:.3f}; pass@1 trained "
+                     f"{trained['pass_at_1']['value']:.3f}, base {base['pass_at_1']['value']:.3f}")
+    return lines
+
+
+def rollout_lines(run_dir: Path, run: dict[str, Any] | None) -> list[str]:
+    """Where the evaluations' rollouts are: the JSONL here, the tables in the MLflow run."""
+    path = run_dir / rollouts.FILE
+    if not path.exists():
+        return []
+    records = _records(path)
+    final = [r for r in records if r["model"] == "base"]  # EvaluateModel's rows begin with the base model's
+    during = records[: records.index(final[0])] if final else records
+    steps = sorted({r["step"] for r in during})
+    parts = [f"in training at step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}"] if steps else []
+    parts += ["EvaluateModel's, base and trained side by side"] if final else []
+    lines = [f"  rollouts: {path} ({len(records)} answers with question, completion, extracted and gold answer, "
+             f"reward: {'; '.join(parts)})"]
+    if run:
+        lines.append(f"    and as MLflow tables rollouts/*.json in run {run['run_id']} (its Artifacts tab)")
+    return lines
+

@@ -3,16 +3,16 @@
 Starts moto (server mode) and the local training-session service on
 127.0.0.1, generates the toy GSM8K-format dataset and uploads it to moto S3,
 builds build/pipeline.json exactly as `make pipeline-definition` does, runs
-that definition with the local interpreter, evaluates the base model on the
-same questions, and leaves runs/<run-id>/ with the reports, curves.png and a
-summary. Every process it started is stopped, also on Ctrl-C.
+that definition with the local interpreter (EvaluateModel grades the base model
+and the trained adapter on the same questions), and leaves runs/<run-id>/ with
+the reports (evaluation_base.json: the base model's half of evaluation.json),
+the rollouts, curves.png and a summary. Every process it started is stopped,
+also on Ctrl-C.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,22 +84,6 @@ def upload_dataset(s3: Any, bucket: str, run_dir: Path, rows: tuple[int, int], s
     return uris
 
 
-def evaluate_base(stack: LocalStack, workdir: Path, run_dir: Path, eval_size: Any) -> Path | None:
-    """The base model on the same held-out questions the trained model was scored on."""
-    model = next(iter((workdir / "TrainDAPO").rglob("model.json")), None)
-    evaluated = next(iter((workdir / "EvaluateModel").rglob("evaluation.json")), None)
-    if model is None or evaluated is None:
-        return None
-    eval_dir = next(p.parent for p in (workdir / "EvaluateModel").rglob("*.jsonl") if "input" in p.parts)
-    out = workdir / "base-eval"
-    cmd = [sys.executable, "-m", "steps.evaluate", "--model", str(model.parent), "--eval", str(eval_dir),
-           "--output", str(out), "--base", "--eval-size", str(eval_size)]
-    subprocess.run(cmd, env=stack.env(), cwd=str(ROOT), check=True, stdout=subprocess.DEVNULL)
-    target = run_dir / "evaluation_base.json"
-    shutil.copy(out / "evaluation.json", target)
-    return target
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     require_training_session_sdk()
     args = parse_args(argv)
@@ -134,9 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             execution.run()
         except PipelineFailed as exc:
             failure = exc
-        if failure is None or failure.step == "AccuracyTooLow":
-            evaluate_base(stack, workdir, run_dir, execution.values.get("EvalSize"))
-        report.collect(workdir, run_dir)
+        report.collect(workdir, run_dir)  # with evaluation_base.json, from EvaluateModel's paired evaluation
         sessions = stack.sessions()
         package = report.registry_entry(run_dir, env)
     summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions, package)

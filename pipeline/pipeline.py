@@ -1,5 +1,5 @@
-"""The DAPO pipeline: ValidateData -> TrainDAPO -> EvaluateModel -> CheckAccuracy -> ApproveModel
-| RecordRejection -> AccuracyTooLow.
+"""The DAPO pipeline: ValidateData -> TrainDAPO -> EvaluateModel (trained against base) -> CheckAccuracy
+-> ApproveModel | RecordRejection -> AccuracyTooLow.
 
 Laid out like the SageMaker MLOps "modelbuild" template: :func:`get_pipeline`
 builds the :class:`Pipeline` and calls nothing on AWS. Every step runs the one
@@ -40,7 +40,7 @@ from sagemaker.core.training.configs import (
     OutputDataConfig,
     StoppingCondition,
 )
-from sagemaker.core.workflow.conditions import ConditionGreaterThanOrEqualTo
+from sagemaker.core.workflow.conditions import ConditionEquals, ConditionGreaterThanOrEqualTo
 from sagemaker.core.workflow.execution_variables import ExecutionVariables
 from sagemaker.core.workflow.functions import Join, JsonGet
 from sagemaker.core.workflow.parameters import ParameterFloat, ParameterInteger, ParameterString
@@ -146,27 +146,33 @@ STEP_TEXTS: dict[str, tuple[str, str]] = {
         "instance (TrainingInstanceType) drives the session, which holds the GPUs and is stopped on every exit. "
         "Checkpoints go to S3, so a retry resumes; the model package goes to the configured group."),
     "EvaluateModel": (
-        "Evaluate-greedy-accuracy",
-        "Greedy answers of the trained model package on the first EvalSize held-out questions, in a training "
-        "session of its own. Writes evaluation.json (strict and lenient accuracy, format error rate, optimizer "
-        "steps completed), which CheckAccuracy reads as the property file EvaluationReport."),
+        "Evaluate-trained-against-base",
+        "The base model and the trained model package answer the same first EvalSize held-out questions (0: all) "
+        "in one training session of this job's own: greedy answers, and k samples per question at the training "
+        "temperature. Writes evaluation.json (for both: strict and lenient accuracy with 95% Wilson intervals, "
+        "format error rate, pass@k, maj@k; trained minus base accuracy with an exact McNemar 95% interval; how "
+        "training ended) and rollouts.jsonl; CheckAccuracy reads it as the property file EvaluationReport."),
     "CheckAccuracy": (
-        "Gate-on-accuracy-and-steps",
-        "True when the strict greedy accuracy (metrics.accuracy.value) is at least AccuracyThreshold and at least "
-        "one optimizer step completed (training.steps_completed; a run stopped before its first step evaluated "
-        "the base weights). True: ApproveModel. False: RecordRejection, then AccuracyTooLow."),
+        "Gate-on-accuracy-improvement-and-health",
+        "True when all hold: the strict greedy accuracy (metrics.accuracy.value) is at least AccuracyThreshold; "
+        "at least one optimizer step completed (training.steps_completed; a run stopped before its first step "
+        "evaluated the base weights); the 95% lower bound of trained minus base accuracy "
+        "(improvement.ci95_low) is at least MinImprovement; no health guard stopped training "
+        "(training.guard_stopped is 0). True: ApproveModel. False: RecordRejection, then AccuracyTooLow."),
     "ApproveModel": (
         "Approve-model-package",
-        "Writes the evaluation figures, how training ended, the base model and this execution onto the trained "
-        "model package and sets it Approved."),
+        "Writes the evaluation figures (both models' accuracies with intervals, the improvement and its interval, "
+        "pass@k), how training ended, the base model and this execution onto the trained model package and sets "
+        "it Approved."),
     "RecordRejection": (
         "Record-rejection-on-model-package",
-        "Writes the same figures onto the trained model package and sets it Rejected, saying why, before "
-        "AccuracyTooLow fails the execution."),
+        "Writes the same figures onto the trained model package and sets it Rejected, naming the conditions that "
+        "failed, before AccuracyTooLow fails the execution."),
     "AccuracyTooLow": (
-        "Fail-accuracy-too-low",
-        "Fails the execution with the accuracy, the AccuracyThreshold and the optimizer steps completed; the model "
-        "package already records why it was rejected."),
+        "Fail-not-approved",
+        "Fails the execution with the accuracy and AccuracyThreshold, the optimizer steps completed, the "
+        "improvement's 95% interval and MinImprovement, and the health guard; the model package already records "
+        "which condition failed."),
 }
 
 
@@ -413,6 +419,7 @@ def _registry_step(
         arguments=["--model", f"{PROC}/input/model", "--evaluation", f"{PROC}/input/evaluation",
                    "--execution-arn", ExecutionVariables.PIPELINE_EXECUTION_ARN,
                    "--accuracy-threshold", params["AccuracyThreshold"].to_string(),
+                   "--min-improvement", params["MinImprovement"].to_string(),
                    *(["--reject"] if reject else [])],
     )
     return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on)
@@ -432,13 +439,22 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
     report = PropertyFile(name="EvaluationReport", output_name="evaluation", path="evaluation.json")
     evaluate = _evaluate_step(cfg, params, validated, model, report, session)
     evaluation = evaluate.properties.ProcessingOutputConfig.Outputs["evaluation"].S3Output.S3Uri
-    accuracy = JsonGet(step_name=evaluate.name, property_file=report, json_path="metrics.accuracy.value")
+    def report_value(path: str) -> JsonGet:
+        return JsonGet(step_name=evaluate.name, property_file=report, json_path=path)
 
-    # The gate (CheckAccuracy): accuracy at or above the threshold AND at least one optimizer step.
-    # A run the generation-batch cap stopped before its first step evaluated the base weights; however
-    # well they score, that package is never approved. The condition says so where SageMaker shows the
-    # execution, and the other branch records why on the package before AccuracyTooLow fails it.
-    steps_completed = JsonGet(step_name=evaluate.name, property_file=report, json_path="training.steps_completed")
+    # The gate (CheckAccuracy), every condition must hold:
+    # - the strict greedy accuracy at or above AccuracyThreshold;
+    # - at least one optimizer step: a run the generation-batch cap stopped before its first step evaluated the
+    #   base weights, and however well they score, that package is never approved;
+    # - the 95% lower bound of (trained - base) accuracy on the same questions at or above MinImprovement: an
+    #   adapter is approved for what it adds to its base model, not for an accuracy the base already had;
+    # - no health guard stopped training (a guard's stop is clean, and its package is never approved).
+    # The condition says so where SageMaker shows the execution, and the other branch records which condition
+    # failed on the package before AccuracyTooLow fails it.
+    accuracy = report_value("metrics.accuracy.value")
+    steps_completed = report_value("training.steps_completed")
+    gain, gain_low, gain_high = (report_value(f"improvement.{key}") for key in ("value", "ci95_low", "ci95_high"))
+    guard_stopped = report_value("training.guard_stopped")
     approve = _registry_step("ApproveModel", cfg, params, model, evaluation, session)
     rejection = _registry_step("RecordRejection", cfg, params, model, evaluation, session, reject=True)
     too_low = FailStep(
@@ -447,14 +463,19 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
             on="",
             values=["Not approved: accuracy ", accuracy, " against the AccuracyThreshold ", params["AccuracyThreshold"],
                     ", optimizer steps completed ", steps_completed,
-                    " (at least 1 needed); the model package records why."],
+                    " (at least 1 needed), improvement over the base model ", gain, " with 95% interval [", gain_low,
+                    ", ", gain_high, "] whose lower bound must be at least the MinImprovement ",
+                    params["MinImprovement"], ", stopped by a health guard ", guard_stopped,
+                    " (must be 0); the model package records which condition failed."],
         ),
         depends_on=[rejection],  # the rejection is on the package before the execution fails
     )
     check = ConditionStep(
         **_texts("CheckAccuracy"),
         conditions=[ConditionGreaterThanOrEqualTo(left=accuracy, right=params["AccuracyThreshold"]),
-                    ConditionGreaterThanOrEqualTo(left=steps_completed, right=1)],
+                    ConditionGreaterThanOrEqualTo(left=steps_completed, right=1),
+                    ConditionGreaterThanOrEqualTo(left=gain_low, right=params["MinImprovement"]),
+                    ConditionEquals(left=guard_stopped, right=0)],
         if_steps=[approve],
         else_steps=[rejection, too_low],
     )

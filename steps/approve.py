@@ -1,15 +1,19 @@
 """`python -m steps.approve`: write the evaluation onto the trained model package and approve it (idempotent).
 
-The registry entry explains itself: ``CustomerMetadataProperties`` carry the figures
-(``accuracy``, ``accuracy_lenient`` when evaluated, ``format_error_rate``, ``n``), how training
-ended (``steps_completed``, ``stopped_early``), the ``base_model``, the ``pipeline_execution_arn``,
-the ``accuracy_threshold`` and the MLflow run; the approval description says the same in a
-sentence. ApproveModel runs it when CheckAccuracy holds. RecordRejection runs it with
-``--reject`` on the other branch, before AccuracyTooLow fails the execution: the package then
-carries the same figures, the status ``Rejected`` and why.
+The registry entry explains itself: ``CustomerMetadataProperties`` carry the trained adapter's figures
+(``accuracy`` with ``accuracy_ci95_low``/``_high``, ``accuracy_lenient``, ``format_error_rate``,
+``pass_at_k`` and ``maj_at_k`` with their ``k``, ``n``), the base model's (``base_accuracy`` with its
+interval, ``base_pass_at_k``), the paired difference (``improvement`` with ``improvement_ci95_low``/``_high``
+and ``improvement_method``), the bars (``accuracy_threshold``, ``min_improvement``), how training ended
+(``steps_completed``, ``stopped_early``, ``guard``), the ``base_model``, the ``pipeline_execution_arn`` and
+the MLflow run; the approval description says the same in a sentence. ApproveModel runs it when
+CheckAccuracy holds. RecordRejection runs it with ``--reject`` on the other branch, before AccuracyTooLow
+fails the execution: the package then carries the same figures, the status ``Rejected`` and why
+(``rejection_reason``: each condition of the gate that failed).
 
-Whether a package may be approved is the pipeline's condition alone (pipeline/pipeline.py):
-accuracy at or above the threshold *and* at least one optimizer step completed.
+Whether a package may be approved is the pipeline's condition alone (pipeline/pipeline.py); this step only
+explains it. :func:`failed_conditions` reads the same four figures the condition reads, against the same
+bars, and tests/test_gate.py holds the two to agreement.
 
 The model registry is reached through the same endpoint the training-session SDK registered the
 package with (SAGEMAKER_TRAINING_SESSION_ENDPOINT when set, otherwise the Region's SageMaker
@@ -22,6 +26,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,6 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--evaluation", required=True, help="evaluation.json, or the directory holding it")
     p.add_argument("--execution-arn", help="the pipeline execution, recorded on the package")
     p.add_argument("--accuracy-threshold", type=float, help="the bar the accuracy was held to, recorded")
+    p.add_argument("--min-improvement", type=float,
+                   help="the bar the improvement's 95%% lower bound was held to, recorded")
     p.add_argument("--reject", action="store_true",
                    help="record the figures and set the package Rejected instead of Approved")
     return p.parse_args(argv)
@@ -64,9 +71,9 @@ def registry_client(region: str | None) -> Any:
     return boto3.client("sagemaker", region_name=region, endpoint_url=endpoint)
 
 
-def _figure(evaluation: dict[str, Any], name: str) -> float | None:
-    metric = evaluation.get("metrics", {}).get(name)
-    return None if metric is None else float(metric["value"])
+def _figure(block: dict[str, Any], name: str, field: str = "value") -> float | None:
+    metric = block.get("metrics", {}).get(name)
+    return None if metric is None or field not in metric else float(metric[field])
 
 
 def _text(value: Any) -> str:
@@ -77,42 +84,113 @@ def _text(value: Any) -> str:
     return _NOT_A_METADATA_CHARACTER.sub("_", str(value))[:_METADATA_VALUE_MAX]
 
 
-def metadata(model: dict[str, Any], evaluation: dict[str, Any], execution_arn: str | None,
-             threshold: float | None) -> dict[str, str]:
-    """The package's CustomerMetadataProperties; a figure or fact that is not known is left out."""
-    facts: dict[str, Any] = {name: _figure(evaluation, name) for name in evaluation.get("metrics", {})}
+@dataclass(frozen=True)
+class Bars:
+    """What the gate holds the figures to: the execution's AccuracyThreshold and MinImprovement."""
+
+    accuracy_threshold: float | None = None
+    min_improvement: float | None = None
+
+
+def failed_conditions(evaluation: dict[str, Any], bars: Bars) -> list[tuple[str, str]]:
+    """The gate's conditions that ``evaluation`` fails, as (short reason for the metadata, sentence): the four
+    CheckAccuracy reads (pipeline/pipeline.py), each only where its figure and bar are known."""
+    training = evaluation.get("training") or {}
+    gain = evaluation.get("improvement") or {}
+    accuracy, steps = _figure(evaluation, "accuracy"), training.get("steps_completed")
+    failed = []
+    if bars.accuracy_threshold is not None and accuracy is not None and accuracy < bars.accuracy_threshold:
+        failed.append((f"accuracy {accuracy:.4f} below AccuracyThreshold {bars.accuracy_threshold:g}",
+                       f"the accuracy {accuracy:.4f} is below the threshold {bars.accuracy_threshold:g}"))
+    if steps is not None and steps < 1:
+        failed.append(("no optimizer step completed", "no optimizer step completed, so these are the base weights"))
+    low = gain.get("ci95_low")
+    if bars.min_improvement is not None and low is not None and low < bars.min_improvement:
+        failed.append((f"improvement lower bound {low:+.4f} below MinImprovement {bars.min_improvement:g}",
+                       f"the improvement over the base model is not shown: its 95% lower bound {low:+.4f} is "
+                       f"below MinImprovement {bars.min_improvement:g}"))
+    if training.get("guard_stopped"):
+        guard = training.get("guard") or "a health guard"
+        failed.append((f"stopped by guard {guard}", f"the health guard {guard} stopped training"))
+    return failed
+
+
+def metadata(model: dict[str, Any], evaluation: dict[str, Any], execution_arn: str | None, bars: Bars,
+             reject: bool = False) -> dict[str, str]:
+    """The package's CustomerMetadataProperties (at most 50, botocore's limit; ~30 here); a figure or fact
+    that is not known is left out."""
+    base, gain = evaluation.get("base") or {}, evaluation.get("improvement") or {}
+    sampled = (evaluation.get("metrics") or {}).get("pass_at_k") or {}
     mlflow = model.get("mlflow") or {}
-    facts.update({
+    training = evaluation.get("training") or {}
+    facts: dict[str, Any] = {
+        "accuracy": _figure(evaluation, "accuracy"),
+        "accuracy_ci95_low": _figure(evaluation, "accuracy", "ci95_low"),
+        "accuracy_ci95_high": _figure(evaluation, "accuracy", "ci95_high"),
+        "accuracy_lenient": _figure(evaluation, "accuracy_lenient"),
+        "format_error_rate": _figure(evaluation, "format_error_rate"),
+        "pass_at_k": _figure(evaluation, "pass_at_k"),
+        "maj_at_k": _figure(evaluation, "maj_at_k"),
+        "k": sampled.get("k"),
         "n": evaluation.get("n"),
-        "accuracy_threshold": threshold,
+        "base_accuracy": _figure(base, "accuracy"),
+        "base_accuracy_ci95_low": _figure(base, "accuracy", "ci95_low"),
+        "base_accuracy_ci95_high": _figure(base, "accuracy", "ci95_high"),
+        "base_pass_at_k": _figure(base, "pass_at_k"),
+        "improvement": gain.get("value"),
+        "improvement_ci95_low": gain.get("ci95_low"),
+        "improvement_ci95_high": gain.get("ci95_high"),
+        "improvement_method": gain.get("method"),
+        "accuracy_threshold": bars.accuracy_threshold,
+        "min_improvement": bars.min_improvement,
         "steps_completed": model.get("steps_completed"),
         "stopped_early": model.get("stopped_early"),
+        "guard": training.get("guard"),
         "base_model": model.get("base_model"),
         "pipeline_execution_arn": execution_arn,
         "mlflow_run_id": mlflow.get("run_id"),
         "mlflow_experiment": mlflow.get("experiment"),
-    })
+    }
+    if reject:
+        reasons = [short for short, _ in failed_conditions(evaluation, bars)]
+        facts["rejection_reason"] = " / ".join(reasons) or "the pipeline's condition did not hold"
     return {key: _text(value) for key, value in facts.items() if value is not None and str(value) != ""}
 
 
-def description(model: dict[str, Any], evaluation: dict[str, Any], threshold: float | None, reject: bool) -> str:
+def _accuracy(metric: dict[str, Any], lenient: float | None = None) -> str:
+    """``0.8300 (95% CI 0.7700 to 0.8800; lenient 0.9000)``, with what is known."""
+    inside = [f"95% CI {metric['ci95_low']:.4f} to {metric['ci95_high']:.4f}"] if "ci95_low" in metric else []
+    inside += [f"lenient {lenient:.4f}"] if lenient is not None else []
+    return f"{metric['value']:.4f}" + (f" ({'; '.join(inside)})" if inside else "")
+
+
+def description(model: dict[str, Any], evaluation: dict[str, Any], bars: Bars, reject: bool) -> str:
     """One sentence for the registry: the verdict, why (when rejected), the figures, how training ended."""
-    accuracy, lenient = _figure(evaluation, "accuracy"), _figure(evaluation, "accuracy_lenient")
-    steps = model.get("steps_completed")
-    why = []
-    if reject and not steps:
-        why.append("no optimizer step completed, so these are the base weights")
-    if reject and threshold is not None and accuracy < threshold:
-        why.append(f"the accuracy is below the threshold {threshold:g}")
-    figures = f"greedy accuracy {accuracy:.4f}" + (f" (lenient {lenient:.4f})" if lenient is not None else "")
-    figures += f" on {evaluation.get('n', '?')} held-out questions"
-    if threshold is not None:
-        figures += f", threshold {threshold:g}"
+    metrics, base = evaluation.get("metrics", {}), evaluation.get("base") or {}
+    gain, steps = evaluation.get("improvement"), model.get("steps_completed")
+    why = [sentence for _, sentence in failed_conditions(evaluation, bars)] if reject else []
+    figures = (f"greedy accuracy {_accuracy(metrics['accuracy'], _figure(evaluation, 'accuracy_lenient'))}"
+               f" on {evaluation.get('n', '?')} held-out questions")
+    if bars.accuracy_threshold is not None:
+        figures += f", threshold {bars.accuracy_threshold:g}"
+    parts = [figures]
+    if base.get("metrics"):
+        parts.append(f"base model {_accuracy(base['metrics']['accuracy'])}")
+    if gain:
+        parts.append(f"improvement {gain['value']:+.4f}, 95% CI {gain['ci95_low']:+.4f} to {gain['ci95_high']:+.4f}"
+                     " by exact McNemar" + (f", MinImprovement {bars.min_improvement:g}"
+                                           if bars.min_improvement is not None else ""))
+    if "pass_at_k" in metrics:
+        k = metrics["pass_at_k"]["k"]
+        base_pass = _figure(base, "pass_at_k")
+        parts.append(f"pass@{k} {metrics['pass_at_k']['value']:.4f}"
+                     + (f" (base {base_pass:.4f})" if base_pass is not None else "")
+                     + f", maj@{k} {metrics['maj_at_k']['value']:.4f}")
     training = f"{steps} optimizer steps from {model.get('base_model')}"
     if model.get("stopped_early"):
         training += f"; training stopped early: {model.get('stop_reason') or 'see the TrainDAPO log'}"
     verdict = (REJECTED if reject else APPROVED) + " by the DAPO pipeline"
-    return "; ".join([verdict + (": " + " and ".join(why) if why else ""), figures, training])[:_DESCRIPTION_MAX]
+    return "; ".join([verdict + (": " + " and ".join(why) if why else ""), *parts, training])[:_DESCRIPTION_MAX]
 
 
 def record(client: Any, arn: str, status: str, properties: dict[str, str], text: str) -> str:
@@ -132,9 +210,10 @@ def run(args: argparse.Namespace) -> int:
     model = read_model_json(args.model)
     evaluation = read_evaluation(args.evaluation)
     region = (model.get("config", {}).get("session", {}) or {}).get("region")
-    properties = metadata(model, evaluation, args.execution_arn, args.accuracy_threshold)
+    bars = Bars(args.accuracy_threshold, args.min_improvement)
+    properties = metadata(model, evaluation, args.execution_arn, bars, args.reject)
     status = REJECTED if args.reject else APPROVED
-    text = description(model, evaluation, args.accuracy_threshold, args.reject)
+    text = description(model, evaluation, bars, args.reject)
     outcome = record(registry_client(region), model["model_package_arn"], status, properties, text)
     print(f"approve: {model['model_package_arn']} {outcome}: {text}", flush=True)
     return 0

@@ -1,11 +1,18 @@
-"""`python -m steps.evaluate`: the EvaluateModel step.
+"""`python -m steps.evaluate`: the EvaluateModel step, a paired evaluation.
 
-Greedy answers from the trained model package (or, with --base, from the base
-model it was trained from) on the first `eval_size` held-out questions.
-`evaluation.json` follows SageMaker's model-quality layout so the pipeline's
-ConditionStep reads `metrics.accuracy.value` with JsonGet: the strict accuracy
-(only '#### N' or '\\boxed{N}' in the answer region counts), with
-`metrics.accuracy_lenient.value` and `metrics.format_error_rate.value` beside it.
+The base model and the trained adapter answer the same held-out questions (the first ``eval_size``;
+0: all), in one training session of this job's own: one sampling client on the session's fresh weights
+(the base model), one on the adapter's model package. Greedy answers give each model's strict and
+lenient accuracy with 95% Wilson intervals and its format-error rate; ``eval_k`` samples per question at
+the training temperature give pass@k, pass@1 and maj@k; the questions one model got right and the other
+wrong give the paired difference (trained - base) with an exact McNemar-compatible 95% interval
+(steps/dapo/stats.py names the methods).
+
+``evaluation.json`` follows SageMaker's model-quality layout, so CheckAccuracy reads it with JsonGet:
+``metrics.accuracy.value`` (the trained adapter, strict), ``training.steps_completed``,
+``improvement.ci95_low`` and ``training.guard_stopped``. The base model's figures sit under ``base`` in
+the same layout. ``predictions.jsonl`` holds the trained adapter's greedy answers, ``rollouts.jsonl``
+the first ``eval_rollouts`` answers of both models (steps/dapo/rollouts.py).
 """
 from __future__ import annotations
 
@@ -18,7 +25,9 @@ from typing import Any, Sequence
 
 from steps.cli import Refused, run_step
 from steps.config import config_from_dict
-from steps.dapo.heldout import EvalResult, evaluate_greedy
+from steps.dapo import heldout, rollouts, stats
+from steps.dapo.heldout import EvalResult
+from steps.dapo.reward import RewardShaping
 from steps.gsm8k.data import load_examples
 from steps.gsm8k.task import GSM8K
 from steps.platform import files, tracking
@@ -27,103 +36,183 @@ from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client
 from steps.platform.tokenizer import load_tokenizer
 
+MODELS = ("base", "trained")
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m steps.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="model dir, model.tar.gz, or a dir holding it")
     p.add_argument("--eval", required=True, help="held-out .jsonl file or directory")
-    p.add_argument("--output", required=True, help="directory for evaluation.json and predictions.jsonl")
+    p.add_argument("--output", required=True,
+                   help="directory for evaluation.json, predictions.jsonl and rollouts.jsonl")
     p.add_argument("--eval-size", type=int, default=None,
-                   help="questions to evaluate (default: dapo.eval_size of the run)")
-    p.add_argument("--base", action="store_true", help="evaluate the base model the run started from instead")
+                   help="questions to evaluate, 0 for all (default: dapo.eval_size of the run)")
     p.add_argument("--tokenizer", help="directory of the base model's tokenizer files (pipeline.tokenizer_s3_uri); "
                                        "default: the tokenizer the Hub names for the base model")
     return p.parse_args(argv)
 
 
-def report(result: EvalResult, model_arn: str, evaluated: str) -> dict[str, Any]:
-    return {
-        "metrics": {"accuracy": {"value": result.accuracy}, "accuracy_lenient": {"value": result.accuracy_lenient},
-                    "format_error_rate": {"value": result.format_error_rate}},
-        "n": result.n,
-        "failed_requests": result.failed,
-        "model_package_arn": model_arn,
-        "evaluated": evaluated,
+def _rate(successes: int, n: int) -> dict[str, float]:
+    interval = stats.wilson(successes, n)
+    return {"value": successes / n if n else 0.0, "ci95_low": interval.low, "ci95_high": interval.high}
+
+
+def figures(result: EvalResult) -> dict[str, Any]:
+    """One model's ``metrics``: accuracies with their 95% Wilson intervals, format errors, pass@k and maj@k."""
+    n, predictions = result.n, result.predictions
+    metrics: dict[str, Any] = {
+        "accuracy": _rate(sum(p.correct for p in predictions), n),
+        "accuracy_lenient": _rate(sum(p.correct_lenient for p in predictions), n),
+        "format_error_rate": {"value": result.format_error_rate},
     }
+    sampled = result.sampled
+    if sampled is not None:
+        at = {"k": sampled.k, "temperature": sampled.temperature}
+        metrics["pass_at_k"] = {"value": sampled.pass_at_k, **at}
+        metrics["maj_at_k"] = {"value": sampled.maj_at_k, **at}
+        metrics["pass_at_1"] = {"value": sampled.pass_at_1, "k": 1, "temperature": sampled.temperature}
+    return metrics
+
+
+def improvement(trained: EvalResult, base: EvalResult) -> dict[str, Any]:
+    """Trained minus base strict accuracy on the same questions, with its exact McNemar-compatible interval."""
+    pairs = list(zip(trained.predictions, base.predictions))
+    b = sum(t.correct and not s.correct for t, s in pairs)  # only the trained adapter right
+    c = sum(s.correct and not t.correct for t, s in pairs)  # only the base model right
+    n = len(pairs)
+    interval = stats.paired_difference(b, c, n)
+    return {"value": (b - c) / n if n else 0.0, "ci95_low": interval.low, "ci95_high": interval.high,
+            "method": stats.PAIRED_METHOD, "p_value": stats.exact_mcnemar_p(b, c),
+            "trained_only_correct": b, "base_only_correct": c, "n": n}
 
 
 def training_outcome(model: dict[str, Any]) -> dict[str, Any]:
-    """How training ended, beside the figures: the pipeline's condition reads ``training.steps_completed``
-    (no package of a run that never took an optimizer step is approved) and the approve step records it."""
-    return {key: model.get(key) for key in ("steps_completed", "stopped_early", "stop_reason")}
+    """How training ended, beside the figures: the gate reads ``training.steps_completed`` (a run that never
+    took an optimizer step evaluated the base weights) and ``training.guard_stopped`` (a run a health guard
+    stopped is never approved); the approve step records them. ``guard`` and ``guard_stopped`` are 0/"" for a
+    model.json written before TrainDAPO had guards."""
+    outcome = {key: model.get(key) for key in ("steps_completed", "stopped_early", "stop_reason")}
+    return {**outcome, "guard": model.get("guard") or "", "guard_stopped": int(bool(model.get("guard_stopped")))}
+
+
+def report(results: dict[str, EvalResult], model: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    trained, base = results["trained"], results["base"]
+    return {
+        "metrics": figures(trained),
+        "n": trained.n,
+        "failed_requests": trained.failed,
+        "model_package_arn": model["model_package_arn"],
+        "evaluated": "model_package",
+        "base": {"metrics": figures(base), "n": base.n, "failed_requests": base.failed,
+                 "model": cfg.session.base_model},
+        "improvement": improvement(trained, base),
+        "training": training_outcome(model),
+    }
 
 
 def log_to_mlflow(tracker: tracking.MlflowTracker, model: dict[str, Any], evaluation: dict[str, Any],
-                  out: Path) -> None:
-    """The figures and the reports into the training run. The base model's figures go beside them
-    as ``base_eval/...`` at step 0, without artifacts."""
-    base = evaluation["evaluated"] == "base_model"
-    figures = {**{name: m["value"] for name, m in evaluation["metrics"].items()}, "n": evaluation["n"]}
-    prefix = "base_eval" if base else "final_eval"
-    tracker.log_metrics({f"{prefix}/{k}": v for k, v in figures.items()},
-                        step=0 if base else int(model.get("steps_completed") or 0))
-    if not base:
-        for name in ("evaluation.json", "predictions.jsonl"):
-            tracker.log_artifact(out / name)
+                  out: Path, shown: list[dict[str, Any]]) -> None:
+    """The figures, the reports and the rollouts into the training run: ``final_eval/...`` at the last
+    step, the base model's ``base_eval/...`` at step 0 (where the curves start)."""
+    def flat(block: dict[str, Any]) -> dict[str, float]:
+        values = {name: m["value"] for name, m in block["metrics"].items()}
+        values.update({f"{name}_ci95_{end}": m[f"ci95_{end}"] for name, m in block["metrics"].items()
+                       for end in ("low", "high") if f"ci95_{end}" in m})
+        return {**values, "n": block["n"]}
+
+    step = int(model.get("steps_completed") or 0)
+    gain = evaluation["improvement"]
+    tracker.log_metrics({f"base_eval/{k}": v for k, v in flat(evaluation["base"]).items()}, step=0)
+    tracker.log_metrics({**{f"final_eval/{k}": v for k, v in flat(evaluation).items()},
+                         **{f"final_eval/improvement{suffix}": gain[key] for suffix, key in
+                            (("", "value"), ("_ci95_low", "ci95_low"), ("_ci95_high", "ci95_high"))}}, step=step)
+    for name in ("evaluation.json", "predictions.jsonl"):
+        tracker.log_artifact(out / name)
+    if shown:
+        tracker.log_table(rollouts.table(shown), rollouts.artifact_file(None))
     tracker.finish()
 
 
-def write_outputs(out: Path, evaluation: dict[str, Any], result: EvalResult) -> None:
+def write_outputs(out: Path, evaluation: dict[str, Any], trained: EvalResult, shown: list[dict[str, Any]]) -> None:
     with files.atomic_open(out / "predictions.jsonl") as f:
-        for p in result.predictions:
+        for p in trained.predictions:
             f.write(json.dumps(asdict(p)) + "\n")
+    with files.atomic_open(out / rollouts.FILE) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in shown))
     # evaluation.json last: its presence means the evaluation finished.
     files.write_json(out / "evaluation.json", evaluation, indent=2)
 
 
 def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenizer: Any,
-                        examples: Sequence[Any]) -> EvalResult:
-    """Greedy answers in a session of this job's own, stopped however this ends.
+                        examples: Sequence[Any]) -> dict[str, EvalResult]:
+    """Both models' answers in one session of this job's own, stopped however this ends.
 
     Named after the job like TrainDAPO's (steps/platform/ownership.py): after a SIGKILL, the next job of the
-    pipeline finds it and stops it, where the SDK's implicit sampling session would bill unnoticed. Its
-    sampler serves the trained weights (``model_package_arn``), or the base model's for ``""``.
+    pipeline finds it and stops it, where the SDK's implicit sampling session would bill unnoticed. The two
+    sampling clients share it: ``""`` samples the session's fresh weights (the base model), the package ARN
+    the trained adapter. Every request of both is submitted before any is awaited, and both draw their
+    samples with the run's seed (the same random numbers for the pair).
     """
+    d = cfg.dapo
     name = this_jobs_session_name(service, cfg.session.region)
     training_client = service.create_lora_training_client(**lora_kwargs(cfg.session, name))
     try:
-        client = training_client.create_sampling_client(model_package_arn=model_package_arn)
-        return evaluate_greedy(client, GSM8K, tokenizer, examples, cfg.dapo.max_tokens, cfg.dapo.sample_retries,
-                               cfg.session.chat_template_kwargs)
+        arns = {"base": "", "trained": model_package_arn}
+        shaping = RewardShaping(d.max_tokens, d.overlong_buffer, d.overlong_penalty, d.reward_format)
+        pending = {
+            model: heldout.launch(training_client.create_sampling_client(model_package_arn=arns[model]), GSM8K,
+                                  tokenizer, examples, d.max_tokens, d.sample_retries,
+                                  cfg.session.chat_template_kwargs, k=d.eval_k, temperature=d.temperature,
+                                  seed=d.seed, shaping=shaping)
+            for model in MODELS}
+        return {model: pending[model].result() for model in MODELS}
     finally:
         training_client.stop()  # first: the session is what is billed
+
+
+def summary_line(evaluation: dict[str, Any]) -> str:
+    """The step's one line: the trained figures first (the fields of the line before the paired evaluation),
+    then the base model's and the difference."""
+    m, base, gain = evaluation["metrics"], evaluation["base"]["metrics"], evaluation["improvement"]
+    line = (f"eval: accuracy={m['accuracy']['value']:.4f} format_error_rate={m['format_error_rate']['value']:.4f} "
+            f"n={evaluation['n']} failed_requests={evaluation['failed_requests']} "
+            f"accuracy_lenient={m['accuracy_lenient']['value']:.4f} "
+            f"base_accuracy={base['accuracy']['value']:.4f} improvement={gain['value']:.4f} "
+            f"improvement_ci95_low={gain['ci95_low']:.4f} improvement_ci95_high={gain['ci95_high']:.4f}")
+    if "pass_at_k" in m:
+        k = m["pass_at_k"]["k"]
+        line += (f" pass_at_{k}={m['pass_at_k']['value']:.4f} maj_at_{k}={m['maj_at_k']['value']:.4f}"
+                 f" base_pass_at_{k}={base['pass_at_k']['value']:.4f}")
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
     model = read_model_json(args.model)
     cfg = config_from_dict(model["config"], source=f"{args.model}: model.json config")
     size = cfg.dapo.eval_size if args.eval_size is None else args.eval_size
-    if size < 1:
-        raise Refused(f"--eval-size must be >= 1, got {size}")
-    examples = load_examples(args.eval)[:size]
+    if size < 0:
+        raise Refused(f"--eval-size must be >= 0 (0: every question), got {size}")
+    examples = load_examples(args.eval)[: size or None]
     if not examples:
         raise Refused(f"{args.eval}: no evaluation examples")
     tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
     service = service_client(cfg.session)
     tracker = tracking.resume(model.get("mlflow"))  # the training run, if it was tracked; connects meanwhile
-    evaluated = "base_model" if args.base else "model_package"
-    arn = cfg.session.base_model if args.base else model["model_package_arn"]
-    result = evaluate_in_session(service, cfg, "" if args.base else arn, tokenizer, examples)
-    evaluation = {**report(result, arn, evaluated), "training": training_outcome(model)}
-    write_outputs(Path(args.output), evaluation, result)
+    results = evaluate_in_session(service, cfg, model["model_package_arn"], tokenizer, examples)
+    evaluation = report(results, model, cfg)
+    step = int(model.get("steps_completed") or 0)
+    # The base model's answers are those of step 0.
+    shown = [row for name in MODELS for row in rollouts.rows(results[name].predictions, step if name == "trained"
+                                                             else 0, name, cfg.dapo.eval_rollouts)]
+    out = Path(args.output)
+    write_outputs(out, evaluation, results["trained"], shown)
     if tracker:
-        log_to_mlflow(tracker, model, evaluation, Path(args.output))
-    print(f"eval: accuracy={result.accuracy:.4f} format_error_rate={result.format_error_rate:.4f} "
-          f"n={result.n} failed_requests={result.failed} accuracy_lenient={result.accuracy_lenient:.4f} "
-          f"({evaluated})", flush=True)
-    if result.failed:
-        print(f"warning: {result.failed} of {result.n} requests failed after retries and were counted as wrong",
-              file=sys.stderr, flush=True)
+        log_to_mlflow(tracker, model, evaluation, out, shown)
+    print(summary_line(evaluation), flush=True)
+    failed = sum(r.failed for r in results.values())
+    if failed:
+        print(f"warning: {failed} of {2 * len(examples)} greedy requests failed after retries and were counted as "
+              "wrong", file=sys.stderr, flush=True)
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from steps.cli import Refused, parse_pairs, run_step
 from steps.config import RunConfig, load_config, to_dict
-from steps.dapo import curves
+from steps.dapo import curves, rollouts
 from steps.dapo import metrics as metrics_io
 from steps.dapo import state as checkpoint
 from steps.dapo.loop import Outcome, Trainer
@@ -157,6 +157,7 @@ def train(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
     metrics_path = Path(args.output_dir) / "metrics.jsonl"
     metrics_io.truncate_after(metrics_path, start.step)
+    metrics_io.truncate_after(metrics_path.parent / rollouts.FILE, start.step)  # redone evaluations rewrite theirs
 
     training_client = open_session(service, cfg, start, session_name)
     tracker = tracking.start(tracking.config_params(to_dict(cfg)), Path(args.checkpoint_dir) / tracking.RUN_FILE)

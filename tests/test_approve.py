@@ -12,10 +12,11 @@ from moto import mock_aws
 
 from local.toy_data import write_split
 from steps import approve, train
+from tests import evaluations
 from tests.local_service import ENDPOINT_ENV_VARS, client_kwargs
 
 EXECUTION = "arn:aws:sagemaker:us-west-2:123456789012:pipeline/dapo-gsm8k/execution/k2x9q1"
-BASE = "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/qwen3-8b/1.0.0"
+BASE = evaluations.BASE
 # botocore's CustomerMetadataValue pattern, \p{L}\p{Z}\p{N} read as Python's \w and a space.
 METADATA_VALUE = re.compile(r"[\w .:/=+\-@]{1,256}")
 
@@ -33,18 +34,17 @@ def registry(monkeypatch):
         yield sm, arn
 
 
-def write_inputs(tmp_path, arn, *, steps=30, stopped_early=False, stop_reason="", accuracy=0.83):
+def write_inputs(tmp_path, arn, *, steps=30, stopped_early=False, stop_reason="", evaluation=None):
+    """model.json and evaluation.json (default: 200 questions, trained 0.83, base 0.43) as the steps write them."""
     model = {"model_package_arn": arn, "base_model": BASE, "steps_completed": steps, "stopped_early": stopped_early,
              "stop_reason": stop_reason, "config": {"session": {"region": "us-west-2"}},
              "mlflow": {"tracking_uri": "arn:aws:sagemaker:us-west-2:123456789012:mlflow-tracking-server/t",
                         "experiment": "clip sweep (2)", "run_id": "5f0c2a"}}
-    evaluation = {"metrics": {"accuracy": {"value": accuracy}, "accuracy_lenient": {"value": 0.9},
-                              "format_error_rate": {"value": 0.05}}, "n": 200,
-                  "training": {"steps_completed": steps, "stopped_early": stopped_early, "stop_reason": stop_reason}}
+    evaluation = evaluation or evaluations.paired(trained=84, base=4, both=82, n=200, steps=steps)
     (tmp_path / "model.json").write_text(json.dumps(model))
     (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
     return ["--model", str(tmp_path / "model.json"), "--evaluation", str(tmp_path), "--execution-arn", EXECUTION,
-            "--accuracy-threshold", "0.5"]
+            "--accuracy-threshold", "0.5", "--min-improvement", "0"]
 
 
 def test_approve_writes_the_figures_onto_the_package(registry, tmp_path, capsys):
@@ -54,13 +54,22 @@ def test_approve_writes_the_figures_onto_the_package(registry, tmp_path, capsys)
     desc = sm.describe_model_package(ModelPackageName=arn)
     assert desc["ModelApprovalStatus"] == "Approved"
     assert desc["CustomerMetadataProperties"] == {
-        "accuracy": "0.8300", "accuracy_lenient": "0.9000", "format_error_rate": "0.0500", "n": "200",
-        "accuracy_threshold": "0.5000", "steps_completed": "30", "stopped_early": "false", "base_model": BASE,
-        "pipeline_execution_arn": EXECUTION, "mlflow_run_id": "5f0c2a", "mlflow_experiment": "clip sweep _2_",
+        "accuracy": "0.8300", "accuracy_ci95_low": "0.7718", "accuracy_ci95_high": "0.8757",
+        "accuracy_lenient": "0.8300", "format_error_rate": "0.0000", "pass_at_k": "0.8300", "maj_at_k": "0.8300",
+        "k": "4", "n": "200",
+        "base_accuracy": "0.4300", "base_accuracy_ci95_low": "0.3633", "base_accuracy_ci95_high": "0.4993",
+        "base_pass_at_k": "0.4300",
+        "improvement": "0.4000", "improvement_ci95_low": "0.3149", "improvement_ci95_high": "0.4760",
+        "improvement_method": "exact McNemar: Fay-Lumbard 2021 melded interval - exact2x2 mcnemarExactDP",
+        "accuracy_threshold": "0.5000", "min_improvement": "0.0000", "steps_completed": "30",
+        "stopped_early": "false", "base_model": BASE, "pipeline_execution_arn": EXECUTION,
+        "mlflow_run_id": "5f0c2a", "mlflow_experiment": "clip sweep _2_",
     }
     assert desc["ApprovalDescription"] == (
-        f"Approved by the DAPO pipeline; greedy accuracy 0.8300 (lenient 0.9000) on 200 held-out questions, "
-        f"threshold 0.5; 30 optimizer steps from {BASE}")
+        "Approved by the DAPO pipeline; greedy accuracy 0.8300 (95% CI 0.7718 to 0.8757; lenient 0.8300) on 200 "
+        "held-out questions, threshold 0.5; base model 0.4300 (95% CI 0.3633 to 0.4993); improvement +0.4000, 95% CI "
+        "+0.3149 to +0.4760 by exact McNemar, MinImprovement 0; pass@4 0.8300 (base 0.4300), maj@4 0.8300; "
+        f"30 optimizer steps from {BASE}")
     assert approve.main(args) == 0  # idempotent: a retried step changes nothing
     assert "already approved" in capsys.readouterr().out
     assert sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]["accuracy"] == "0.8300"
@@ -68,28 +77,48 @@ def test_approve_writes_the_figures_onto_the_package(registry, tmp_path, capsys)
 
 def test_a_rejection_records_the_figures_and_why_without_approving(registry, tmp_path):
     sm, arn = registry
-    assert approve.main([*write_inputs(tmp_path, arn, accuracy=0.31), "--reject"]) == 0
+    low = evaluations.paired(trained=2, base=0, both=60, n=200)  # 0.31, 0.30: below the bar, and no better
+    assert approve.main([*write_inputs(tmp_path, arn, evaluation=low), "--reject"]) == 0
     desc = sm.describe_model_package(ModelPackageName=arn)
     assert desc["ModelApprovalStatus"] == "Rejected"
-    assert desc["CustomerMetadataProperties"]["accuracy"] == "0.3100"
+    properties = desc["CustomerMetadataProperties"]
+    assert properties["accuracy"] == "0.3100" and properties["base_accuracy"] == "0.3000"
+    assert properties["rejection_reason"] == ("accuracy 0.3100 below AccuracyThreshold 0.5 / improvement lower bound "
+                                              f"{low['improvement']['ci95_low']:+.4f} below MinImprovement 0")
     assert desc["ApprovalDescription"].startswith(
-        "Rejected by the DAPO pipeline: the accuracy is below the threshold 0.5; greedy accuracy 0.3100")
+        "Rejected by the DAPO pipeline: the accuracy 0.3100 is below the threshold 0.5 and the improvement over the "
+        f"base model is not shown: its 95% lower bound {low['improvement']['ci95_low']:+.4f} is below "
+        "MinImprovement 0; greedy accuracy 0.3100")
+    assert all(METADATA_VALUE.fullmatch(v) for v in properties.values()), properties
 
 
 def test_a_run_stopped_before_its_first_step_is_recorded_as_the_base_weights(registry, tmp_path):
     sm, arn = registry
     reason = "step 1: only 3 of 32 groups had mixed rewards (filtered fraction 0.91). Raise max_num_gen_batches."
-    args = write_inputs(tmp_path, arn, steps=0, stopped_early=True, stop_reason=reason, accuracy=0.9)
+    args = write_inputs(tmp_path, arn, steps=0, stopped_early=True, stop_reason=reason,
+                        evaluation=evaluations.paired(trained=0, base=0, both=180, n=200, steps=0))
     assert approve.main([*args, "--reject"]) == 0
     desc = sm.describe_model_package(ModelPackageName=arn)
     assert desc["ModelApprovalStatus"] == "Rejected"
     properties = desc["CustomerMetadataProperties"]
     assert (properties["steps_completed"], properties["stopped_early"]) == ("0", "true")
+    assert properties["rejection_reason"].startswith("no optimizer step completed / improvement lower bound -0.0")
     assert desc["ApprovalDescription"].startswith(
-        "Rejected by the DAPO pipeline: no optimizer step completed, so these are the base weights;")
+        "Rejected by the DAPO pipeline: no optimizer step completed, so these are the base weights and the "
+        "improvement over the base model is not shown")
     assert f"training stopped early: {reason}" in desc["ApprovalDescription"]
     # moto does not check botocore's patterns; SageMaker does.
     assert all(METADATA_VALUE.fullmatch(v) for v in properties.values()), properties
+
+
+def test_a_run_a_health_guard_stopped_is_rejected_naming_the_guard(registry, tmp_path):
+    sm, arn = registry
+    args = write_inputs(tmp_path, arn, evaluation=evaluations.paired(trained=84, base=4, both=82, n=200,
+                                                                     guard="entropy_collapse"))
+    assert approve.main([*args, "--reject"]) == 0
+    properties = sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]
+    assert properties["rejection_reason"] == "stopped by guard entropy_collapse"
+    assert properties["guard"] == "entropy_collapse"
 
 
 def test_approve_refuses_a_bad_evaluation(tmp_path, capsys):

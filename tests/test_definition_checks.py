@@ -298,8 +298,9 @@ def test_property_file_must_be_declared_on_the_named_step() -> None:
         step(d, "EvaluateModel")["PropertyFiles"][0]["PropertyFileName"] = "Report"
 
     found = check_references(broken(change))
-    # The condition's two JsonGets (accuracy, steps completed) and the fail message's two.
-    assert len(found) == 4 and all("declares no property file 'EvaluationReport'" in p for p in found), found
+    # The condition's four JsonGets (accuracy, steps completed, the improvement's lower bound, the guard's stop)
+    # and the fail message's six (those four, the improvement and its upper bound).
+    assert len(found) == 10 and all("declares no property file 'EvaluationReport'" in p for p in found), found
     assert found[0].startswith("step CheckAccuracy: Arguments.Conditions[0].LeftValue.Std:JsonGet.PropertyFile: ")
 
 
@@ -375,7 +376,8 @@ def test_every_step_explains_itself_under_its_unchanged_name() -> None:
     for name, needed in {"ValidateData": ("TrainDataS3Uri", "EvalDataS3Uri", "BaseModel", "BatchSize"),
                          "TrainDAPO": ("BatchSize", "GroupSize", "MaxSteps", "LearningRate", "MaxNumGenBatches",
                                        "ClipLowThreshold", "ClipHighThreshold", "TrainingInstanceType"),
-                         "EvaluateModel": ("EvalSize",), "CheckAccuracy": ("AccuracyThreshold",)}.items():
+                         "EvaluateModel": ("EvalSize",), "CheckAccuracy": ("AccuracyThreshold", "MinImprovement"),
+                         "AccuracyTooLow": ("AccuracyThreshold", "MinImprovement")}.items():
         assert all(p in steps[name]["Description"] for p in needed), name
 
 

@@ -32,23 +32,35 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert code == 0, out
     d = _run_dir(tmp_path)
     for name in ("validation.json", "metrics.jsonl", "evaluation.json", "evaluation_base.json", "curves.png",
-                 "summary.txt"):
+                 "rollouts.jsonl", "summary.txt"):
         assert (d / name).exists(), name
     # The steps ran in the definition's order, the condition chose the approve branch.
     order = [l.split("]")[0][1:] for l in out.splitlines() if l.endswith(")") and " started (" in l]
     assert order == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel"]
     trained = json.loads((d / "evaluation.json").read_text())
     base = json.loads((d / "evaluation_base.json").read_text())
-    assert trained["n"] == base["n"] == 60
+    # evaluation_base.json is the base half of EvaluateModel's paired evaluation, in the same layout.
+    assert base == {**trained["base"], "evaluated": "base_model"} and trained["n"] == base["n"] == 60
     assert trained["metrics"]["accuracy"]["value"] > base["metrics"]["accuracy"]["value"]
+    gain = trained["improvement"]
+    assert 0 < gain["ci95_low"] < gain["value"] < gain["ci95_high"] and gain["n"] == 60
+    # The summary: both accuracies with intervals, the difference with its interval, pass@k, where the rollouts are.
+    m, b = trained["metrics"], base["metrics"]
+    assert (f"greedy eval accuracy on 60 held-out questions: trained {m['accuracy']['value']:.3f} (95% CI "
+            f"{m['accuracy']['ci95_low']:.3f}-{m['accuracy']['ci95_high']:.3f}), base {b['accuracy']['value']:.3f} "
+            f"(95% CI {b['accuracy']['ci95_low']:.3f}-") in out
+    assert (f"improvement: {100 * gain['value']:+.1f} points (95% CI {100 * gain['ci95_low']:+.1f} to "
+            f"{100 * gain['ci95_high']:+.1f};") in out
+    assert f"pass@4 trained {m['pass_at_k']['value']:.3f}, base {b['pass_at_k']['value']:.3f}" in out
+    assert (f"rollouts: {d / 'rollouts.jsonl'} (64 answers with question, completion, extracted and gold answer, "
+            "reward: in training at steps 10, 15; EvaluateModel's, base and trained side by side)") in out
     steps = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in steps) == 15  # the MaxSteps parameter reached the training job
     assert "left running: 0" in out and "model approved" in out
-    # TrainDAPO's and EvaluateModel's sessions are named after their jobs (the orphan sweep finds them); the
-    # base model's evaluation, which the local run makes outside the pipeline, is the SDK's.
-    names = re.findall(r"(\S+) Stopped", out.split("training sessions created: 3, left running: 0\n", 1)[1])
-    assert [n.split("-")[2] for n in names if n.startswith("dapo-")] == ["TrainDAPO", "EvaluateModel"]
-    assert len(names) == 3 and names[2].startswith("sagemaker-training-session-")
+    # TrainDAPO's and EvaluateModel's sessions are named after their jobs (the orphan sweep finds them); the base
+    # model and the trained adapter were evaluated in EvaluateModel's one session.
+    names = re.findall(r"(\S+) Stopped", out.split("training sessions created: 2, left running: 0\n", 1)[1])
+    assert [n.split("-")[2] for n in names] == ["TrainDAPO", "EvaluateModel"]
     # What the run may bill, said before it starts: the execution's MaxSteps in place.
     cost = out.index("cost: a run may draw up to max_steps 15 x max_num_gen_batches ")
     assert cost < out.index("[ValidateData] started") and "cost: a step may take up to" in out
@@ -62,9 +74,22 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert mlflow_run.data.params["dapo.max_steps"] == "15"
     assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "step/reward_mean")] == list(range(1, 16))
     assert mlflow_run.data.metrics["final_eval/accuracy"] == trained["metrics"]["accuracy"]["value"]
+    assert mlflow_run.data.metrics["final_eval/improvement_ci95_low"] == gain["ci95_low"]
     assert mlflow_run.data.metrics["base_eval/accuracy"] == base["metrics"]["accuracy"]["value"]
     assert {a.path for a in client.list_artifacts(mlflow_run.info.run_id)} == {
-        "evaluation.json", "predictions.jsonl", "curves.png"}
+        "evaluation.json", "predictions.jsonl", "curves.png", "rollouts"}
+    # Rollouts as MLflow tables: the in-training evaluations' (eval_every 10, and the last step's) and EvaluateModel's,
+    # the same rows as rollouts.jsonl.
+    shown = [json.loads(l) for l in (d / "rollouts.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["model"]) for r in shown] == [(10, "trained")] * 16 + [(15, "trained")] * 16 + \
+        [(0, "base")] * 16 + [(15, "trained")] * 16
+    assert {a.path for a in client.list_artifacts(mlflow_run.info.run_id, "rollouts")} == {
+        "rollouts/step_000010.json", "rollouts/step_000015.json", "rollouts/final.json"}
+    table = json.loads(Path(client.download_artifacts(mlflow_run.info.run_id, "rollouts/final.json",
+                                                      str(tmp_path))).read_text())
+    assert table["columns"][:7] == ["step", "model", "question", "completion", "extracted", "gold", "reward"]
+    assert [row[2:7] for row in table["data"]] == [[r[k] for k in ("question", "completion", "extracted", "gold",
+                                                                    "reward")] for r in shown[32:]]
 
 
 def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
@@ -79,6 +104,7 @@ def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     assert "ApproveModel" not in out and "[RecordRejection] Succeeded" in out
     assert "model package: Rejected" in out
     assert (_run_dir(tmp_path) / "evaluation_base.json").exists()
+    assert "rejection_reason=accuracy " in out and "below AccuracyThreshold 0.99" in out
 
 
 def test_a_run_the_cap_stopped_before_its_first_step_is_never_approved(tmp_path, capsys):

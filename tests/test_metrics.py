@@ -74,3 +74,30 @@ def test_records_go_to_the_lines_the_jsonl_and_every_tracker(tmp_path):
     assert tracked == [(2, {"eval/accuracy": 0.25, "eval/n": 4})]
     metrics.truncate_after(tmp_path / "m" / "metrics.jsonl", 1)
     assert metrics.read(tmp_path / "m" / "metrics.jsonl") == []
+
+
+def test_an_evaluations_rollouts_go_to_rollouts_jsonl_and_every_trackers_table(tmp_path):
+    from steps.dapo import rollouts
+    from steps.dapo.heldout import Prediction
+
+    tables = []
+
+    class Tracker:
+        def log_metrics(self, record, step):
+            pass
+
+        def log_table(self, data, artifact_file):
+            tables.append((artifact_file, data))
+
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lambda _: None, trackers=[Tracker()])
+    answers = [Prediction(f"q{i}", "7", "7", True, True, True, "#### 7", "stop", False, 1.0) for i in range(3)]
+    log.rollouts(rollouts.rows(answers, 10, "trained", 2), 10)
+    log.rollouts(rollouts.rows(answers, 20, "trained", 0), 20)  # eval_rollouts 0: nothing anywhere
+    written = metrics.read(tmp_path / "rollouts.jsonl")
+    assert [(r["step"], r["question"], r["extracted"], r["gold"], r["reward"]) for r in written] == [
+        (10, "q0", "7", "7", 1.0), (10, "q1", "7", "7", 1.0)]
+    [(name, data)] = tables
+    assert name == "rollouts/step_000010.json" and data["question"] == ["q0", "q1"]
+    assert list(data) == list(rollouts.FIELDS)
+    metrics.truncate_after(tmp_path / "rollouts.jsonl", 5)  # a resumed run redoes step 10's evaluation
+    assert metrics.read(tmp_path / "rollouts.jsonl") == []

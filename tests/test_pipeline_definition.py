@@ -280,14 +280,22 @@ def test_evaluate_step_contract(definition):
 
 
 def test_condition_and_branches(definition):
-    """Approved only at or above the threshold AND after at least one optimizer step (a run the cap stopped
-    first evaluated the base weights); otherwise the package records the rejection, then the execution fails."""
+    """Approved only when every condition holds: accuracy at or above the threshold, at least one optimizer step (a
+    run the cap stopped first evaluated the base weights), the paired improvement's 95% lower bound at or above
+    MinImprovement, and no health guard's stop; otherwise the package records the rejection, then the execution
+    fails."""
     check = step(definition, "CheckAccuracy")["Arguments"]
-    accuracy = {"Std:JsonGet": {"PropertyFile": {"Get": REPORT}, "Path": "metrics.accuracy.value"}}
-    steps_completed = {"Std:JsonGet": {"PropertyFile": {"Get": REPORT}, "Path": "training.steps_completed"}}
+
+    def report(path):
+        return {"Std:JsonGet": {"PropertyFile": {"Get": REPORT}, "Path": path}}
+
+    accuracy, steps_completed = report("metrics.accuracy.value"), report("training.steps_completed")
+    low, guard_stopped = report("improvement.ci95_low"), report("training.guard_stopped")
     assert check["Conditions"] == [
         {"Type": "GreaterThanOrEqualTo", "LeftValue": accuracy, "RightValue": {"Get": "Parameters.AccuracyThreshold"}},
         {"Type": "GreaterThanOrEqualTo", "LeftValue": steps_completed, "RightValue": 1},
+        {"Type": "GreaterThanOrEqualTo", "LeftValue": low, "RightValue": {"Get": "Parameters.MinImprovement"}},
+        {"Type": "Equals", "LeftValue": guard_stopped, "RightValue": 0},
     ]
 
     for name, extra in (("ApproveModel", []), ("RecordRejection", ["--reject"])):
@@ -298,13 +306,16 @@ def test_condition_and_branches(definition):
                             "/opt/ml/processing/input/evaluation", "--execution-arn",
                             {"Get": "Execution.PipelineExecutionArn"}]
         assert args[6] == "--accuracy-threshold" and gets(args[7]) == {"Parameters.AccuracyThreshold"}
-        assert args[8:] == extra
+        assert args[8] == "--min-improvement" and gets(args[9]) == {"Parameters.MinImprovement"}
+        assert args[10:] == extra
         ins = inputs(step(definition, name))
         assert ins["model"]["S3Uri"] == {"Get": MODEL}
         assert ins["evaluation"]["S3Uri"] == {"Get": EVALUATION}
 
     message = join_of(step(definition, "AccuracyTooLow")["Arguments"]["ErrorMessage"])
-    assert accuracy in message and {"Get": "Parameters.AccuracyThreshold"} in message and steps_completed in message
+    for value in (accuracy, {"Get": "Parameters.AccuracyThreshold"}, steps_completed, report("improvement.value"),
+                  low, report("improvement.ci95_high"), {"Get": "Parameters.MinImprovement"}, guard_stopped):
+        assert value in message, value
 
 
 OWNER_ENVIRONMENT = {"DAPO_PIPELINE_NAME": {"Get": "Execution.PipelineName"},
@@ -378,6 +389,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "ClipHighThreshold": ("Float", d.clip_high_threshold),
         "EvalSize": ("Integer", 100),
         "AccuracyThreshold": ("Float", cfg.accuracy_threshold),
+        "MinImprovement": ("Float", 0.0),
         "ProcessingInstanceType": ("String", "ml.m5.large"),
         "TrainingInstanceType": ("String", "ml.m5.xlarge"),
         "ImageUri": ("String", "dapo-steps:local"),

@@ -143,9 +143,13 @@ def test_the_run_has_the_config_every_step_and_the_evaluation(tmp_path, data, st
     evaluation = json.loads((tmp_path / "a" / "eval" / "evaluation.json").read_text())
     assert history(store, run.info.run_id, "final_eval/accuracy") == [
         (3, pytest.approx(evaluation["metrics"]["accuracy"]["value"]))]
-    # TrainDAPO's curves, EvaluateModel's reports.
+    assert history(store, run.info.run_id, "base_eval/accuracy") == [
+        (0, pytest.approx(evaluation["base"]["metrics"]["accuracy"]["value"]))]
+    # TrainDAPO's curves, EvaluateModel's reports, and each evaluation's rollouts as a table.
     assert {a.path for a in store.list_artifacts(run.info.run_id)} == {"curves.png", "evaluation.json",
-                                                                       "predictions.jsonl"}
+                                                                       "predictions.jsonl", "rollouts"}
+    assert {a.path for a in store.list_artifacts(run.info.run_id, "rollouts")} == {
+        "rollouts/step_000002.json", "rollouts/step_000003.json", "rollouts/final.json"}
     assert (tmp_path / "a" / "out" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.data.tags["steps_completed"] == "3" and run.data.tags["stopped_early"] == "false"
 
@@ -162,7 +166,7 @@ def test_curves_that_cannot_be_drawn_are_one_warning_not_a_failed_step(tmp_path,
     assert [m for m in caplog.messages if "curves.png" in m] == [
         "curves.png not drawn (ModuleNotFoundError: No module named 'matplotlib')"]
     [run] = runs(store)
-    assert run.info.status == "FINISHED" and store.list_artifacts(run.info.run_id) == []
+    assert run.info.status == "FINISHED" and [a.path for a in store.list_artifacts(run.info.run_id)] == ["rollouts"]
 
 
 def test_two_runs_with_different_parameters_are_two_runs_of_one_experiment(tmp_path, data, store):
@@ -198,8 +202,8 @@ def test_on_sagemaker_the_steps_log_to_the_tracking_server_arn_through_the_plugi
     assert model["mlflow"]["tracking_uri"] == SERVER_ARN
     assert [m.step for m in client.get_metric_history(run.info.run_id, "step/reward_mean")] == [1, 2]
     assert "final_eval/accuracy" in run.data.metrics
-    assert sorted(a["Key"].rsplit("/", 1)[-1] for a in artifacts) == ["curves.png", "evaluation.json",
-                                                                       "predictions.jsonl"]
+    assert sorted(a["Key"].rsplit("/", 1)[-1] for a in artifacts) == ["curves.png", "evaluation.json", "final.json",
+                                                                       "predictions.jsonl", "step_000002.json"]
     # Every request was SigV4-signed for the sagemaker-mlflow service in the server's Region.
     assert requests and all("/us-west-2/sagemaker-mlflow/aws4_request" in r["authorization"] for r in requests)
     assert {r["api"] for r in requests} >= {"GetExperimentByName", "CreateRun", "LogBatch", "UpdateRun"}

@@ -88,7 +88,12 @@ class DapoConfig(Section):
     sample_retries: int = Field(2, ge=0)
     save_every: int = Field(10, ge=1)
     eval_every: int = Field(0, ge=0, json_schema_extra={"why": "0 = only at the end"})
-    eval_size: int = Field(200, ge=1)
+    # Held-out questions evaluated, from the start of the file; 0: all of them (GSM8K's test split: 1,319).
+    eval_size: int = Field(0, ge=0, json_schema_extra={"why": "0 = the whole held-out file"})
+    # Samples per held-out question at `temperature` in EvaluateModel, for pass@k and maj@k (k = this); 0: off.
+    eval_k: int = Field(4, ge=0, json_schema_extra={"why": "0 = greedy only"})
+    # Answers of each evaluation shown as rollouts (an MLflow table and rollouts.jsonl); 0: none.
+    eval_rollouts: int = Field(16, ge=0)
     # Seeds the data order and, hashed, every sampling request (the API's seed is a 32-bit Integer).
     seed: int = Field(0, ge=0, le=INT32_MAX)
 
@@ -138,6 +143,9 @@ class PipelineConfig(Section):
     processing_instance_type: str = Field("ml.m5.large", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
     training_instance_type: str = Field("ml.m5.xlarge", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
     accuracy_threshold: float = Field(0.5, ge=0, le=1)
+    # The gate's paired test: approve only when the 95% lower bound of (trained - base) accuracy is at least
+    # this. 0: the adapter is shown not worse than its base model; 0.02: at least 2 points better.
+    min_improvement: float = Field(0.0, ge=-1, le=1)
     max_runtime_seconds: int = Field(86400, ge=1, le=MAX_TRAINING_RUNTIME,
                                      json_schema_extra={"why": "SageMaker's limit"})
     processing_max_runtime_seconds: int = Field(7200, ge=1, le=MAX_PROCESSING_RUNTIME,

@@ -13,6 +13,9 @@
 - ``state``: the one frozen :class:`~steps.dapo.state.LoopState` the loop carries and the checkpoint stores,
   and the seeded data order;
 - ``metrics``: one metrics dict per step, written to the log lines, ``metrics.jsonl`` and trackers;
-- ``heldout``: greedy accuracy on held-out questions (in training and in the EvaluateModel step);
+- ``heldout``: accuracy on held-out questions (in training and in the EvaluateModel step): greedy answers, and
+  k samples per question for pass@k and maj@k;
+- ``stats``: the evaluation's statistics (Wilson intervals, the exact McNemar paired difference, pass@k, maj@k);
+- ``rollouts``: the answers an evaluation shows (rollouts.jsonl, MLflow tables);
 - ``curves``: curves.png from metrics.jsonl.
 """

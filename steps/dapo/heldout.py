@@ -1,10 +1,16 @@
-"""Greedy accuracy on held-out questions: in-training evaluation and the EvaluateModel step share it.
+"""Accuracy on held-out questions: in-training evaluation and the EvaluateModel step share it.
 
-Each answer is graded both ways by the run's task (steps/dapo/task.py): ``accuracy`` is the
-strict one (for GSM8K only '#### N' or '\\boxed{N}' in the answer region counts),
-``accuracy_lenient`` also takes an answer found otherwise ("the answer is N", the last number
-there), and ``format_error_rate`` is the share of answers committed in no instructed form
-(failed requests included).
+Greedy answers (temperature 0) give the accuracies. Each answer is graded both ways by the run's task
+(steps/dapo/task.py): ``accuracy`` is the strict one (for GSM8K only '#### N' or '\\boxed{N}' in the
+answer region counts), ``accuracy_lenient`` also takes an answer found otherwise ("the answer is N",
+the last number there), and ``format_error_rate`` is the share of answers committed in no instructed
+form (failed requests included).
+
+With ``k`` > 0, k more answers per question are sampled at the training temperature (one request of k
+samples per question, seeded): pass@k (some answer of k is right, Chen et al. 2021's estimator),
+pass@1 (the sampled accuracy the training reward tracks) and maj@k (the majority answer is right;
+steps/dapo/stats.py says how ties and missing answers count). Every request of an evaluation is on
+the service before any result is awaited: :func:`launch` submits, :meth:`PendingEval.result` waits.
 """
 from __future__ import annotations
 
@@ -13,8 +19,9 @@ from typing import Any, Mapping, Sequence
 
 from sagemaker.train.training_session import SamplingParams
 
+from steps.dapo import stats
 from steps.dapo.reward import RewardShaping
-from steps.dapo.sampling import GroupSampler
+from steps.dapo.sampling import GenerationBatch, GroupSampler
 from steps.dapo.task import Example, Task
 
 
@@ -29,6 +36,33 @@ class Prediction:
     completion: str  # as the grader read it: special tokens kept
     stop_reason: str  # "stop", "length" (cut off at max_tokens), or "" for a failed request
     failed: bool  # the request failed after retries: counted as wrong
+    reward: float = 0.0  # the training reward of this answer (strict unless reward_format says lenient)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """``k`` answers per question at ``temperature``: how many were right, and the majority's score."""
+
+    k: int
+    temperature: float
+    correct: tuple[int, ...]  # strictly right answers among each question's k
+    majority: tuple[float, ...]  # each question's maj@k score (stats.majority_score)
+    failed: int  # questions whose request failed after retries: none of their answers right, no vote
+
+    def _mean(self, values: Sequence[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    @property
+    def pass_at_k(self) -> float:
+        return self._mean([stats.pass_at_k(self.k, c, self.k) for c in self.correct])
+
+    @property
+    def pass_at_1(self) -> float:
+        return self._mean([stats.pass_at_k(self.k, c, 1) for c in self.correct])
+
+    @property
+    def maj_at_k(self) -> float:
+        return self._mean(self.majority)
 
 
 @dataclass(frozen=True)
@@ -39,35 +73,89 @@ class EvalResult:
     n: int
     failed: int
     predictions: tuple[Prediction, ...]
+    sampled: Sampled | None = None  # with k > 0
+
+
+@dataclass(frozen=True)
+class PendingEval:
+    """An evaluation whose requests are all submitted; :meth:`result` waits for them and grades."""
+
+    examples: Sequence[Example]
+    greedy: tuple[GroupSampler, GenerationBatch]
+    sampled: tuple[GroupSampler, GenerationBatch] | None
+
+    def result(self) -> EvalResult:
+        predictions = _predictions(*self.greedy, self.examples)
+        n = len(predictions)
+        return EvalResult(
+            accuracy=sum(p.correct for p in predictions) / n if n else 0.0,
+            accuracy_lenient=sum(p.correct_lenient for p in predictions) / n if n else 0.0,
+            format_error_rate=sum(not p.formatted for p in predictions) / n if n else 0.0,
+            n=n,
+            failed=sum(p.failed for p in predictions),
+            predictions=tuple(predictions),
+            sampled=None if self.sampled is None else _sampled(*self.sampled),
+        )
+
+
+def launch(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Example], max_tokens: int,
+           sample_retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None, *,
+           k: int = 0, temperature: float = 1.0, seed: int = 0,
+           shaping: RewardShaping | None = None) -> PendingEval:
+    """Submit a greedy request per example, and with ``k`` > 0 a request of ``k`` samples at ``temperature``
+    (seeded from ``seed``: two models evaluated with one seed draw with the same random numbers).
+    ``shaping`` turns grades into the rewards reported beside the answers (default: strict, no overlong
+    punishment)."""
+    shaping = shaping or RewardShaping(max_tokens=max_tokens)
+
+    def sampler(group_size: int, temp: float) -> GroupSampler:
+        return GroupSampler(task=task, tokenizer=tokenizer, examples=examples, group_size=group_size,
+                            params=SamplingParams(max_tokens=max_tokens, temperature=temp), shaping=shaping,
+                            sample_retries=sample_retries, chat_template_kwargs=chat_template_kwargs or {})
+
+    indices = range(len(examples))
+    greedy = sampler(1, 0.0)
+    pending_greedy = (greedy, greedy.launch(client, indices, seed=None))
+    pending_sampled = None
+    if k:
+        sampled = sampler(k, temperature)
+        pending_sampled = (sampled, sampled.launch(client, indices, seed=seed))
+    return PendingEval(examples, pending_greedy, pending_sampled)
 
 
 def evaluate_greedy(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Example], max_tokens: int,
-                    sample_retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None) -> EvalResult:
+                    sample_retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None, *,
+                    shaping: RewardShaping | None = None) -> EvalResult:
     """Temperature-0 answers to every example, all requests in flight at once, each graded once (by the
     sampler, as it is in training: the prediction reuses that grade)."""
-    sampler = GroupSampler(
-        task=task, tokenizer=tokenizer, examples=examples, group_size=1,
-        params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-        shaping=RewardShaping(max_tokens=max_tokens), sample_retries=sample_retries,
-        chat_template_kwargs=chat_template_kwargs or {},
-    )
-    groups = sampler.launch(client, range(len(examples)), seed=None).result()
+    return launch(client, task, tokenizer, examples, max_tokens, sample_retries, chat_template_kwargs,
+                  shaping=shaping).result()
+
+
+def _predictions(sampler: GroupSampler, batch: GenerationBatch, examples: Sequence[Example]) -> list[Prediction]:
     predictions = []
-    for i, (ex, group) in enumerate(zip(examples, groups)):
+    for i, (ex, group) in enumerate(zip(examples, batch.result())):
         if group is None:
             predictions.append(Prediction(ex.question, ex.gold, None, False, False, False, "", "", True))
             continue
         answer = group.rollouts[0]
-        text = sampler.text(i, answer.tokens)
         predictions.append(Prediction(ex.question, ex.gold, answer.grade.extracted, answer.grade.correct,
-                                      answer.grade.correct_lenient, answer.grade.formatted, text,
-                                      answer.stop_reason, False))
-    n = len(predictions)
-    return EvalResult(
-        accuracy=sum(p.correct for p in predictions) / n if n else 0.0,
-        accuracy_lenient=sum(p.correct_lenient for p in predictions) / n if n else 0.0,
-        format_error_rate=sum(not p.formatted for p in predictions) / n if n else 0.0,
-        n=n,
-        failed=sum(p.failed for p in predictions),
-        predictions=tuple(predictions),
-    )
+                                      answer.grade.correct_lenient, answer.grade.formatted,
+                                      sampler.text(i, answer.tokens), answer.stop_reason, False, answer.reward))
+    return predictions
+
+
+def _sampled(sampler: GroupSampler, batch: GenerationBatch) -> Sampled:
+    """pass@k's and maj@k's counts. Only answers committed in the instructed form vote (the strict
+    reading, as accuracy is strict): an unformatted or missing answer abstains."""
+    correct, majority, failed = [], [], 0
+    for group in batch.result():
+        if group is None:
+            correct.append(0)
+            majority.append(0.0)
+            failed += 1
+            continue
+        grades = [r.grade for r in group.rollouts]
+        correct.append(sum(g.correct for g in grades))
+        majority.append(stats.majority_score((g.extracted if g.formatted else None, g.correct) for g in grades))
+    return Sampled(sampler.group_size, sampler.params.temperature, tuple(correct), tuple(majority), failed)

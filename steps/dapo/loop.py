@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from sagemaker.train.training_session import AdamParams, SamplingParams
 
 from steps.config import DapoConfig
+from steps.dapo import rollouts
 from steps.dapo.batch import build_datums, train_samples
 from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.dapo.metrics import MetricsLog, sampling_figures, train_figures
@@ -198,9 +199,12 @@ class Trainer:
 
     def evaluate(self, step: int, sampling_client: Any) -> EvalResult:
         cfg = self.cfg
-        result = evaluate_greedy(sampling_client, self.task, self.tokenizer, self.eval_examples[: cfg.eval_size],
-                                 cfg.max_tokens, cfg.sample_retries, self.chat_template_kwargs)
+        result = evaluate_greedy(sampling_client, self.task, self.tokenizer,
+                                 self.eval_examples[: cfg.eval_size or None],  # eval_size 0: all of them
+                                 cfg.max_tokens, cfg.sample_retries, self.chat_template_kwargs,
+                                 shaping=self.sampler.shaping)  # rollouts show the reward training pays
         self.metrics.eval({"step": step, "accuracy": result.accuracy, "accuracy_lenient": result.accuracy_lenient,
                            "format_error_rate": result.format_error_rate,
                            "n": result.n, "failed": result.failed})
+        self.metrics.rollouts(rollouts.rows(result.predictions, step, "trained", cfg.eval_rollouts), step)
         return result

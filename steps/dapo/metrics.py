@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from steps.dapo import rollouts as rollout_records
 from steps.dapo.batch import TrainSample
 from steps.dapo.sampling import Group, StepBatch
 from steps.platform import files
@@ -82,6 +83,8 @@ def line(prefix: str, record: dict[str, Any], fields: Sequence[str]) -> str:
 class Tracker(Protocol):
     def log_metrics(self, record: dict[str, Any], step: int) -> None: ...
 
+    def log_table(self, data: dict[str, list[Any]], artifact_file: str) -> None: ...
+
 
 @dataclass
 class MetricsLog:
@@ -114,6 +117,15 @@ class MetricsLog:
 
     def stopped(self, record: dict[str, Any]) -> None:
         self._write("stopped", record)
+
+    def rollouts(self, records: Sequence[dict[str, Any]], step: int) -> None:
+        """An evaluation's rollouts (steps/dapo/rollouts.py): rollouts.jsonl beside metrics.jsonl, and a table
+        in every tracker."""
+        if not records:
+            return
+        rollout_records.append(self.path.parent / rollout_records.FILE, records)
+        for tracker in self.trackers:
+            tracker.log_table(rollout_records.table(records), rollout_records.artifact_file(step))
 
     def _write(self, kind: str, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:

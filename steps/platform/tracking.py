@@ -1,4 +1,5 @@
-"""MLflow tracking of a run: the config as params, every metrics record, the reports as artifacts.
+"""MLflow tracking of a run: the config as params, every metrics record, the reports as artifacts, the
+evaluations' rollouts as tables.
 
 Off unless configured, the way MLflow itself is configured: ``MLFLOW_TRACKING_URI`` names the
 tracking server (a SageMaker MLflow tracking server ARN, which the ``sagemaker-mlflow`` plugin
@@ -140,6 +141,10 @@ class MlflowTracker:
         if Path(path).is_file():
             self._put(("artifact", (str(path), artifact_path)))
 
+    def log_table(self, data: dict[str, list[Any]], artifact_file: str) -> None:
+        """A table artifact (MLflow's ``log_table``: column -> values), e.g. an evaluation's rollouts."""
+        self._put(("table", (data, artifact_file)))
+
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self._put(("tags", {k: str(v) for k, v in tags.items()}))
 
@@ -236,6 +241,8 @@ class MlflowTracker:
         kind, value = items[-1]
         if kind == "artifact":
             client.log_artifact(self.run_id, value[0], value[1])
+        elif kind == "table":
+            client.log_table(self.run_id, data=value[0], artifact_file=value[1])
         elif kind == "tags":
             from mlflow.entities import RunTag
 
