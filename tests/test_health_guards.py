@@ -13,6 +13,7 @@ from local.toy_data import write_split
 from local.training_session.__main__ import _parser, _settings
 from local.training_session.sickness import ENV_VARS, Sickness
 from steps import train
+from steps.config import DapoConfig
 from steps.dapo import state as ckpt_io
 from steps.dapo.guards import GUARDS, GuardState, Limits, observe
 from steps.dapo.state import LoopState
@@ -53,6 +54,10 @@ def test_a_guard_fires_after_patience_consecutive_sick_steps_and_names_itself(gu
 def test_a_healthy_step_resets_the_count(guard):
     sick = SICK[guard]
     assert run([HEALTHY, sick, sick, HEALTHY, sick, sick, HEALTHY] * 3, Limits(patience=3))[1] is None
+
+
+def test_the_guards_are_on_by_default_with_the_documented_thresholds():
+    assert Limits() == Limits.from_config(DapoConfig()) and Limits().enabled
 
 
 def test_no_guard_fires_on_healthy_steps_or_when_the_guards_are_off():
