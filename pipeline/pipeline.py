@@ -96,9 +96,15 @@ def _metric(line: str, key: str) -> MetricDefinition:
 # Regexes over the log lines steps.train prints (steps/dapo/metrics.py), e.g.
 #   sampling: step=3 gen_batches=2 groups_sampled=64 filtered_frac=0.4531 kept_groups=35 empty_rollouts=0
 #   train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21 accuracy_lenient=0.4531
+#          ... entropy=0.4120 sampler_kl=1.2e-05 completion_tokens_p50=210.0 completion_tokens_p95=880.0
+#          completion_tokens_max=1024 repetition_frac=0.0000 format_error_rate=0.0312   (steps/dapo/health.py)
 #   eval: step=10 accuracy=0.5300
+# A figure printed "nan" (sampler_kl where the loss returns no logprobs) matches no regex: no datapoint, not 0.
+HEALTH_METRICS = ("entropy", "sampler_kl", "completion_tokens_p50", "completion_tokens_p95", "completion_tokens_max",
+                  "truncated_frac", "repetition_frac", "format_error_rate")
 METRIC_DEFINITIONS = [
     *(_metric("train", k) for k in ("reward_mean", "accuracy", "loss", "tokens", "seconds", "accuracy_lenient")),
+    *(_metric("train", k) for k in HEALTH_METRICS),
     *(_metric("sampling", k)
       for k in ("gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")),
     _metric("eval", "accuracy"),

@@ -97,6 +97,8 @@ def model_record(cfg: RunConfig, outcome: Outcome, run: tracking.RunRef | None =
         "steps_completed": state.step,
         "stopped_early": state.stopped_early,
         "stop_reason": state.stop_reason,
+        "guard": state.guard,  # the health guard that stopped training (steps/dapo/guards.py), or ""
+        "guard_stopped": bool(state.guard),  # never approved (the gate reads training.guard_stopped)
         "final_eval": None if final is None else
         {"accuracy": final.accuracy, "accuracy_lenient": final.accuracy_lenient, "n": final.n,
          "format_error_rate": final.format_error_rate},
@@ -123,8 +125,10 @@ def finish_tracking(tracker: tracking.MlflowTracker | None, outcome: Outcome, me
         return None
     log_curves(tracker, metrics_path)
     state = outcome.state
-    tags = {"steps_completed": state.step, "stopped_early": str(state.stopped_early).lower()}
-    tracker.set_tags({**tags, "stop_reason": state.stop_reason} if state.stop_reason else tags)
+    tags = {"steps_completed": state.step, "stopped_early": str(state.stopped_early).lower(),
+            "guard_stopped": str(bool(state.guard)).lower()}
+    stop = {"stop_reason": state.stop_reason, **({"guard": state.guard} if state.guard else {})}
+    tracker.set_tags({**tags, **stop} if state.stop_reason else tags)
     return tracker.finish()
 
 
@@ -178,7 +182,8 @@ def train(args: argparse.Namespace) -> int:
     write_model_json(args.model_dir, model_record(cfg, outcome, finish_tracking(tracker, outcome, metrics_path)))
     state = outcome.state
     print(f"done: steps={state.step} stopped_early={str(state.stopped_early).lower()} "
-          f"model_package_arn={state.sampler_model_package_arn}", flush=True)
+          f"model_package_arn={state.sampler_model_package_arn}" + (f" guard={state.guard}" if state.guard else ""),
+          flush=True)
     return 0
 
 

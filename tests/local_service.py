@@ -3,7 +3,7 @@
 One service serves the whole test run (starting it is cheap, but sessions are
 isolated by name and model package groups by a per-test group). Each test that
 asks for ``local_service`` gets the SDK's two endpoint overrides pointed at it
-and fault injection and the cost model reset before and after.
+and fault injection, the cost model and the toy's sickness reset before and after.
 
 Load with ``pytest_plugins = ["tests.local_service"]`` in ``tests/conftest.py``.
 """
@@ -18,6 +18,7 @@ from local.training_session.costs import Costs
 from local.training_session.faults import Faults
 from local.training_session.responses import base_model_arn
 from local.training_session.server import RunningService, start_service
+from local.training_session.sickness import Sickness
 
 REGION = "us-west-2"
 ACCOUNT = "123456789012"
@@ -49,14 +50,16 @@ def training_service() -> Iterator[RunningService]:
 
 @pytest.fixture
 def local_service(training_service: RunningService, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningService]:
-    """The running service, with the SDK's endpoint overrides set, no faults and no cost model."""
+    """The running service, with the SDK's endpoint overrides set, no faults, no cost model and a healthy toy."""
     for var in ENDPOINT_ENV_VARS:
         monkeypatch.setenv(var, training_service.url)
     training_service.set_faults(Faults())
     training_service.set_costs(Costs())
+    training_service.set_sickness(Sickness())
     yield training_service
     training_service.set_faults(Faults())
     training_service.set_costs(Costs())
+    training_service.set_sickness(Sickness())
 
 
 @pytest.fixture

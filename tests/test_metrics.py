@@ -3,7 +3,7 @@ import math
 import re
 
 from pipeline.pipeline import METRIC_DEFINITIONS
-from steps.dapo import metrics
+from steps.dapo import health, metrics
 from steps.dapo.batch import train_samples
 from steps.dapo.sampling import Group, Rollout, StepBatch
 from steps.dapo.task import Grade
@@ -23,12 +23,16 @@ def test_figures_come_from_the_groups_sampled_this_step():
     sampled = [group(0, [1, 0]), group(1, [0, 0]), group(2, [1, 1])]
     batch = step_batch(sampled, kept=sampled[:1])
     record = {**metrics.sampling_figures(3, batch),
-              **metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": -0.5}, 1.5, 3)}
+              **metrics.train_figures(batch, train_samples(batch.kept, False, True), {"loss:sum": -0.5}, 1.5, 3),
+              **health.health_figures(health.step_rollouts(batch)), "sampler_kl": 1.5e-07}
     assert record["reward_mean"] == 0.5 and record["accuracy"] == 0.5
     assert record["filtered_frac"] == 2 / 3 and record["filtered_all_wrong_frac"] == 1 / 3
     assert metrics.line("train", record, metrics.TRAIN_FIELDS) == (
         "train: step=3 reward_mean=0.5000 accuracy=0.5000 loss=-0.5 tokens=4 seconds=1.50 accuracy_lenient=0.5000 "
-        "completion_tokens_mean=2.0 truncated_frac=0.0000 off_policy_steps=0")
+        "completion_tokens_mean=2.0 truncated_frac=0.0000 off_policy_steps=0 "
+        # the health figures, appended (steps/dapo/health.py)
+        "entropy=1.0000 sampler_kl=1.5e-07 completion_tokens_p50=2.0 completion_tokens_p95=2.0 "
+        "completion_tokens_max=2 repetition_frac=0.0000 format_error_rate=0.0000")
     assert metrics.line("sampling", record, metrics.SAMPLING_FIELDS) == (
         "sampling: step=3 gen_batches=1 groups_sampled=3 filtered_frac=0.6667 kept_groups=1 empty_rollouts=0")
 

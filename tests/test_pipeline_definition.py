@@ -410,12 +410,17 @@ def test_job_steps_retry_capacity_and_throttling(definition):
 LINES = {
     "sampling": "sampling: step=3 gen_batches=2 groups_sampled=64 filtered_frac=0.4531 kept_groups=35 empty_rollouts=0",
     "train": "train: step=3 reward_mean=0.4219 accuracy=0.4219 loss=-0.0123 tokens=12345 seconds=4.21 "
-             "accuracy_lenient=0.5156",
+             "accuracy_lenient=0.5156 completion_tokens_mean=300.5 truncated_frac=0.0625 off_policy_steps=0 "
+             "entropy=0.4120 sampler_kl=1.2e-05 completion_tokens_p50=210.0 completion_tokens_p95=880.0 "
+             "completion_tokens_max=1024 repetition_frac=0.0312 format_error_rate=0.0469",
     "eval": "eval: step=10 accuracy=0.5300",
 }
 EXPECTED = {
     "train:reward_mean": 0.4219, "train:accuracy": 0.4219, "train:loss": -0.0123,
     "train:tokens": 12345, "train:seconds": 4.21, "train:accuracy_lenient": 0.5156,
+    "train:entropy": 0.412, "train:sampler_kl": 1.2e-05, "train:completion_tokens_p50": 210.0,
+    "train:completion_tokens_p95": 880.0, "train:completion_tokens_max": 1024, "train:truncated_frac": 0.0625,
+    "train:repetition_frac": 0.0312, "train:format_error_rate": 0.0469,
     "sampling:gen_batches": 2, "sampling:groups_sampled": 64, "sampling:filtered_frac": 0.4531,
     "sampling:kept_groups": 35, "sampling:empty_rollouts": 0, "eval:accuracy": 0.53,
 }
@@ -442,9 +447,12 @@ def test_each_metric_reads_its_own_log_line(definition):
 def test_metrics_read_signed_and_exponent_numbers(definition):
     regexes = metric_regexes(definition)
     line = "train: step=12 reward_mean=-1.5e-05 accuracy=1 loss=2.5E+3 tokens=7 seconds=.5 accuracy_lenient=1"
-    got = {n: float(re.search(r, line).group(1)) for n, r in regexes.items() if n.startswith("train:")}
+    got = {n: float(re.search(r, line).group(1)) for n, r in regexes.items() if n.startswith("train:")
+           and re.search(r, line)}
     assert got == {"train:reward_mean": -1.5e-05, "train:accuracy": 1.0, "train:loss": 2500.0,
                    "train:tokens": 7.0, "train:seconds": 0.5, "train:accuracy_lenient": 1.0}
+    # A health figure that could not be measured prints "nan": no datapoint, never a false 0.
+    assert re.search(regexes["train:sampler_kl"], line + " entropy=0.5 sampler_kl=nan") is None
 
 
 # -- config ------------------------------------------------------------------------------

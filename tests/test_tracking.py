@@ -135,7 +135,8 @@ def test_the_run_has_the_config_every_step_and_the_evaluation(tmp_path, data, st
     assert len(run.data.params) == sum(len(v) for v in model["config"].values())
     # One point per step of each figure of metrics.jsonl, the same values.
     steps = [r for r in metrics_io.read(tmp_path / "a" / "out" / "metrics.jsonl") if r["kind"] == "step"]
-    for key in ("reward_mean", "accuracy", "loss", "tokens", "filtered_frac", "gen_batches", "seconds"):
+    for key in ("reward_mean", "accuracy", "loss", "tokens", "filtered_frac", "gen_batches", "seconds",
+                "entropy", "sampler_kl", "completion_tokens_p95", "repetition_frac", "format_error_rate"):
         assert history(store, run.info.run_id, f"step/{key}") == [
             (r["step"], pytest.approx(float(r[key]))) for r in steps], key
     assert [s for s, _ in history(store, run.info.run_id, "eval/accuracy")] == [2, 3]
@@ -152,6 +153,7 @@ def test_the_run_has_the_config_every_step_and_the_evaluation(tmp_path, data, st
         "rollouts/step_000002.json", "rollouts/step_000003.json", "rollouts/final.json"}
     assert (tmp_path / "a" / "out" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.data.tags["steps_completed"] == "3" and run.data.tags["stopped_early"] == "false"
+    assert run.data.tags["guard_stopped"] == "false" and "guard" not in run.data.tags
 
 
 def test_curves_that_cannot_be_drawn_are_one_warning_not_a_failed_step(tmp_path, data, store, monkeypatch, caplog):

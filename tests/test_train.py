@@ -94,6 +94,17 @@ def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
     assert model["stopped_early"] is False and model["model_package_arn"].startswith("arn:aws:sagemaker:")
     assert not running_sessions(local_service)
 
+    # The health guards are on (config/local.yaml) and this learning run trips none of them, while each health
+    # figure is logged every step: the sampler and the trainer agree (same weights, same maths), no completion
+    # loops, format errors fall as the policy learns to answer.
+    assert cfg.dapo.guards and not any(l.startswith("stopped:") for l in out.splitlines())
+    assert model["guard"] == "" and model["guard_stopped"] is False
+    assert all(r["entropy"] > 10 * cfg.dapo.guard_min_entropy and r["repetition_frac"] == 0 for r in steps)
+    assert all(0 <= r["sampler_kl"] < 1e-6 for r in steps)
+    assert all(r["completion_tokens_p50"] <= r["completion_tokens_p95"] <= r["completion_tokens_max"]
+               <= cfg.dapo.max_tokens for r in steps)
+    assert mean(last, "format_error_rate") < mean(first, "format_error_rate") / 3
+
 
 # -- dynamic sampling on scripted reward patterns -------------------------------------------
 class Scripted(Gsm8k):

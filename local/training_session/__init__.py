@@ -10,6 +10,9 @@ Where a request goes, in order (each module imports only those below it):
 - ``faults``: fault injection from outside the backend: throttled submits, failing
   operations (it wraps each operation's run), a session that dies; and the
   service's latency;
+- ``sickness``: knobs that drive the toy's sampling sick (entropy collapse, repetition
+  loops, completions that never end, a dropped answer form), for the training step's
+  health guards; it replaces a sampling operation's work from outside the backend;
 - ``metering``: the cost model watching the backend from outside it: each costed
   session's simulated GPUs (``costs``) see its operations arrive and run, and hold
   each result back until its simulated time has passed;
@@ -23,7 +26,7 @@ Where a request goes, in order (each module imports only those below it):
 - ``exceptions``: the errors answered on the wire;
 - ``costs``: the cost model's event simulation (processor-shared decoding, a training
   queue, fixed save costs) and its clocks, at the product's own throughput figures
-  (``pipeline/throughput.py``); faults and costs are both ``settings``, set by flags,
+  (``pipeline/throughput.py``); faults, costs and sickness are all ``settings``, set by flags,
   ``LOCAL_TS_*`` variables or an admin route;
 - ``toy/``: the model behind it all, ``local-toy-arith``: tokenizer, policy,
   model maths, loss functions (one table of their rules), Adam.

@@ -7,8 +7,8 @@ Point the SDK at it with::
     export SAGEMAKER_TRAINING_SESSION_ENDPOINT=http://HOST:PORT
     export SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT=http://HOST:PORT
 
-Fault and cost-model flags override the ``LOCAL_TS_*`` environment variables (see
-``faults.py`` and ``costs.py``).
+Fault, cost-model and sickness flags override the ``LOCAL_TS_*`` environment variables
+(see ``faults.py``, ``costs.py`` and ``sickness.py``).
 
 Logs what an operator needs on stderr at INFO, one line each: where it listens,
 each session created, stopped, failed or deleted, each operation that failed or
@@ -28,6 +28,8 @@ from local.training_session import costs as cost_model
 from local.training_session.costs import Costs
 from local.training_session.faults import ENV_VARS, Faults
 from local.training_session.server import start_service
+from local.training_session.sickness import ENV_VARS as SICK_ENV_VARS
+from local.training_session.sickness import Sickness
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,10 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     Faults.add_flags(p.add_argument_group("fault injection (default: none; env: " + ", ".join(ENV_VARS.values()) + ")"))
     Costs.add_flags(p.add_argument_group("cost model (default: off; env: " + ", ".join(cost_model.ENV_VARS.values())
                                          + ")"))
+    Sickness.add_flags(p.add_argument_group("the toy driven sick, for the health guards (default: healthy; env: "
+                                            + ", ".join(SICK_ENV_VARS.values()) + ")"))
     return p
 
 
-def _settings(kind: type[Faults] | type[Costs], args: argparse.Namespace) -> Faults | Costs:
+def _settings(kind: type[Faults] | type[Costs] | type[Sickness], args: argparse.Namespace) -> Faults | Costs | Sickness:
     """Environment first, then the flags that were given."""
     return kind.overridden(kind.from_env(), {f.name: getattr(args, f.name, None) for f in dataclasses.fields(kind)})
 
@@ -54,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        faults, costs = _settings(Faults, args), _settings(Costs, args)
+        faults, costs, sickness = _settings(Faults, args), _settings(Costs, args), _settings(Sickness, args)
     except ValueError as e:
         parser.error(str(e))
     try:
-        service = start_service(args.host, args.port, faults, costs=costs, state_dir=args.state_dir)
+        service = start_service(args.host, args.port, faults, costs=costs, sickness=sickness,
+                                state_dir=args.state_dir)
     except OSError as e:
         print(f"cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
@@ -66,15 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"listening on {service.url}", flush=True)
-    log.info("listening on %s (faults: %s; cost model: %s)", service.url, _changed(faults),
-             _changed(costs) if costs.enabled else "off")
+    log.info("listening on %s (faults: %s; cost model: %s; sickness: %s)", service.url, _changed(faults),
+             _changed(costs) if costs.enabled else "off", _changed(sickness))
     stop.wait()
     log.info("stopping: %d sessions", len(service.sessions()))
     service.stop()
     return 0
 
 
-def _changed(settings: Faults | Costs) -> str:
+def _changed(settings: Faults | Costs | Sickness) -> str:
     """The settings that differ from the defaults, or "none"."""
     default = type(settings)()
     return ", ".join(f"{k}={v}" for k, v in settings.to_dict().items() if getattr(default, k) != v) or "none"

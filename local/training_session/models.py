@@ -26,7 +26,8 @@ operation returns; the control plane's descriptions from the objects' ``describe
   :meth:`Session.wait`;
 * :class:`Hooks`, the seam where what wraps or observes the backend plugs in from
   outside it: ``faults`` wraps each operation's run, ``metering`` (the cost model)
-  watches submits and runs and holds results back. Nothing here imports them; the
+  watches submits and runs and holds results back, ``sickness`` may rewrite a
+  sampling operation's work. Nothing here imports them; the
   :class:`TrainingSessionBackend` holds the sessions, the registry and the hooks.
 
 Lifecycle events and failed operations are logged (logger ``local.training_session.models``).
@@ -530,6 +531,10 @@ class Hooks:
     def session_created(self, session: Session) -> None:
         """A session was created, before any operation can reach it."""
 
+    def sampling_work(self, session: Session, work: Work) -> Work:
+        """The work a sampling operation will do; a hook may replace it (``sickness`` drives the toy sick)."""
+        return work
+
     def wrap(self, session: Session, op: Operation, runner: Runner) -> Runner:
         """The runner as it will run (a fault injector may make it fail)."""
         return runner
@@ -559,6 +564,11 @@ class HookChain(Hooks):
     def session_created(self, session: Session) -> None:
         for hook in self.hooks:
             hook.session_created(session)
+
+    def sampling_work(self, session: Session, work: Work) -> Work:
+        for hook in self.hooks:
+            work = hook.sampling_work(session, work)
+        return work
 
     def wrap(self, session: Session, op: Operation, runner: Runner) -> Runner:
         for hook in self.hooks:
@@ -708,6 +718,7 @@ class Session:
     def submit_sampling(self, work: Work) -> Operation:
         with self._cond:
             self._require_running()
+            work = self._hooks.sampling_work(self, work)
             op = Operation(work.kind, training=False)
             # Sampling overlaps, so its latency runs from the submit, not from a turn.
             op.not_before = time.monotonic() + self._latency_s()

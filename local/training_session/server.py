@@ -12,7 +12,8 @@ the cost model (``metering``).
   e.g. ``POST /v1/training-sessions/{trainingSessionName}/operations``.
 * Admin (not AWS): ``GET /_admin/sessions``, ``GET|POST /_admin/faults``,
   ``GET|POST /_admin/costs`` (the cost model's settings for new sessions, and each
-  costed session's simulated clock and GPU use), ``GET /_admin/requests``
+  costed session's simulated clock and GPU use), ``GET|POST /_admin/sickness`` (the
+  knobs that drive the toy sick, for the health guards' tests), ``GET /_admin/requests``
   (requests and errors per operation and kind).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from local.training_session.models import (
     TrainingSessionBackend,
 )
 from local.training_session.responses import CONTROL_PLANE, RUNTIME, Request, Response
+from local.training_session.sickness import Sickness, SicknessHook
 from pipeline.shapes import service_model
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class ServiceState:
     backend: TrainingSessionBackend
     injector: FaultInjector
     meter: CostMeter
+    sick: SicknessHook = field(default_factory=SicknessHook)
     requests: RequestLog = field(default_factory=RequestLog)
 
     def find(self, name: str) -> Session | None:
@@ -227,6 +230,19 @@ def _set_costs(state: ServiceState, raw: bytes) -> Response:
     return _costs(state, raw)
 
 
+def _sickness(state: ServiceState, raw: bytes) -> Response:
+    return Response(200, {"sickness": state.sick.sickness.to_dict()})
+
+
+def _set_sickness(state: ServiceState, raw: bytes) -> Response:
+    try:
+        sickness = Sickness.from_mapping(json.loads(raw or b"{}"))
+    except (ValueError, TypeError) as e:
+        return Response(400, {"message": str(e)}, error_code="ValidationException")
+    set_sickness(state, sickness)
+    return _sickness(state, raw)
+
+
 def _requests(state: ServiceState, raw: bytes) -> Response:
     return Response(200, {"requests": state.requests.snapshot()})
 
@@ -245,12 +261,22 @@ def set_costs(state: ServiceState, costs: Costs) -> None:
     state.meter.costs = costs
 
 
+def set_sickness(state: ServiceState, sickness: Sickness) -> None:
+    """The toy's sampling from now on (every session's)."""
+    if sickness != state.sick.sickness:
+        logger.info("sickness set: %s", {k: v for k, v in sickness.to_dict().items()
+                                          if v != getattr(Sickness(), k)} or "healthy")
+    state.sick.sickness = sickness
+
+
 ADMIN_ROUTES: dict[tuple[str, str], Callable[[ServiceState, bytes], Response]] = {
     ("GET", "/_admin/sessions"): _sessions,
     ("GET", "/_admin/faults"): _faults,
     ("POST", "/_admin/faults"): _set_faults,
     ("GET", "/_admin/costs"): _costs,
     ("POST", "/_admin/costs"): _set_costs,
+    ("GET", "/_admin/sickness"): _sickness,
+    ("POST", "/_admin/sickness"): _set_sickness,
     ("GET", "/_admin/requests"): _requests,
 }
 
@@ -287,6 +313,10 @@ class RunningService:
         """The cost model of sessions created from now on."""
         set_costs(self._httpd.state, costs)
 
+    def set_sickness(self, sickness: Sickness) -> None:
+        """The knobs that drive the toy sick (sickness.py), for every sampling operation from now on."""
+        set_sickness(self._httpd.state, sickness)
+
     def sessions(self) -> list[dict[str, Any]]:
         """Name, status and operation counts of every session."""
         return self._httpd.state.backend.snapshot()
@@ -305,13 +335,13 @@ class RunningService:
 
 
 def start_service(host: str = "127.0.0.1", port: int = 0, faults: Faults | None = None, *,
-                  costs: Costs | None = None, state_dir: Path | str | None = None, poll_hold_s: float = POLL_HOLD_S,
-                  gap_timeout_s: float = GAP_TIMEOUT_S) -> RunningService:
+                  costs: Costs | None = None, sickness: Sickness | None = None, state_dir: Path | str | None = None,
+                  poll_hold_s: float = POLL_HOLD_S, gap_timeout_s: float = GAP_TIMEOUT_S) -> RunningService:
     """Serve on ``host:port`` (0 picks a free port) until ``.stop()``."""
     httpd = _Server((host, port), _Handler)
-    injector, meter = FaultInjector(faults), CostMeter(costs)
+    injector, meter, sick = FaultInjector(faults), CostMeter(costs), SicknessHook(sickness)
     backend = TrainingSessionBackend(Path(state_dir) if state_dir else None, gap_timeout_s=gap_timeout_s,
-                                     poll_hold_s=poll_hold_s, hooks=(injector, meter),
+                                     poll_hold_s=poll_hold_s, hooks=(injector, meter, sick),
                                      latency_s=lambda: injector.latency_s)
-    httpd.state = ServiceState(backend, injector, meter)
+    httpd.state = ServiceState(backend, injector, meter, sick)
     return RunningService(httpd)

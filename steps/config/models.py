@@ -96,6 +96,15 @@ class DapoConfig(Section):
     eval_rollouts: int = Field(16, ge=0)
     # Seeds the data order and, hashed, every sampling request (the API's seed is a 32-bit Integer).
     seed: int = Field(0, ge=0, le=INT32_MAX)
+    # Health guards (steps/dapo/guards.py): each stops training cleanly, as max_num_gen_batches does, when its
+    # condition holds for guard_patience consecutive steps; a guard's stop is never approved.
+    guards: bool = True
+    guard_patience: int = Field(3, ge=1)
+    guard_min_entropy: float = Field(0.02, ge=0, json_schema_extra={"why": "0 turns this guard off"})
+    guard_max_repetition_frac: float = Field(0.5, ge=0, le=1)
+    guard_max_truncated_frac: float = Field(0.5, ge=0, le=1)
+    guard_format_error_rise: float = Field(0.2, gt=0, le=1)
+    guard_accuracy_drop: float = Field(0.05, gt=0, le=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> "DapoConfig":

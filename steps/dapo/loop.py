@@ -1,7 +1,8 @@
 """The DAPO training loop, in the manner of tinker-cookbook's ``rl_loop``: :meth:`Trainer.step` reads top to bottom.
 
 Per step: sample -> grade -> filter (dynamic sampling fills ``batch_size`` informative groups,
-carrying any surplus) -> advantages -> datums -> update (one ``forward_backward`` and one
+carrying any surplus) -> health (the guards judge the sampled completions: a sick run stops here, as
+one the generation-batch cap stops does) -> advantages -> datums -> update (one ``forward_backward`` and one
 ``optim_step``, with the next sampler's ``save_weights_for_sampler`` queued behind them, so the
 three training operations cost one wait, not three) -> save (a checkpoint every ``save_every``
 steps and at the end). The loop carries one frozen :class:`~steps.dapo.state.LoopState`; a
@@ -21,7 +22,9 @@ from sagemaker.train.training_session import AdamParams, SamplingParams
 
 from steps.config import DapoConfig
 from steps.dapo import rollouts
+from steps.dapo import guards
 from steps.dapo.batch import build_datums, train_samples
+from steps.dapo.health import drawn_by, health_figures, sampler_kl, step_rollouts
 from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.dapo.metrics import MetricsLog, sampling_figures, train_figures
 from steps.dapo.reward import RewardShaping
@@ -83,6 +86,7 @@ class Trainer:
     def __post_init__(self) -> None:
         cfg = self.cfg
         self.policy = self.policy or Policy.from_config(cfg)
+        self.limits = guards.Limits.from_config(cfg)
         self.sampler = GroupSampler(
             task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
@@ -91,9 +95,9 @@ class Trainer:
         )
 
     def run(self, state: LoopState) -> Outcome:
-        """Train from ``state`` to the last step, or to the cap's clean stop; evaluate every ``eval_every``
-        steps and at the end."""
-        if state.stopped_early:  # a restart after the cap: nothing left to do
+        """Train from ``state`` to the last step, or to a clean stop (the cap's, a guard's); evaluate every
+        ``eval_every`` steps and at the end."""
+        if state.stopped_early:  # a restart after a clean stop: nothing left to do
             return Outcome(state, None)
         sampler = self._sampler(state.step, self._save_weights(state.step).result())
         schedule = Schedule(self.policy, total_steps(self.cfg, len(self.train_examples)), self.checkpoint_dir)
@@ -111,8 +115,8 @@ class Trainer:
             return Outcome(schedule.finish(state), final)
 
     def step(self, state: LoopState, sampler: SamplerAt, schedule: Schedule) -> tuple[LoopState, SamplerAt]:
-        """One optimizer step: the state after it (``stopped_early`` if the cap stopped it), and the sampler of
-        its weights."""
+        """One optimizer step: the state after it (``stopped_early`` if the cap or a guard stopped it), and the
+        sampler of its weights."""
         cfg, update = self.cfg, state.step + 1
         # sample -> grade -> filter: dynamic sampling, drawn while the previous step trained if sampling ahead
         filled = schedule.sampled(lambda: self._fill(state, sampler))
@@ -120,8 +124,13 @@ class Trainer:
         self.metrics.sampling(record)
         if self.on_batch:
             self.on_batch(update, batch)
+        # health: the guards judge the sampled completions before they are trained on
+        health = health_figures(step_rollouts(batch))
+        filled, trip = self._watch(filled, health, update)
+        if trip:
+            return self._stop(filled, {**record, **health}, sampler, trip.reason, trip.guard), sampler
         if batch.hit_cap:
-            return self._stop(filled, record, sampler), sampler
+            return self._stop(filled, record, sampler, cap_reason(state.step, batch, cfg)), sampler
         # advantages -> datums
         samples = train_samples(batch.kept, cfg.advantage_std_scaling, cfg.overlong_filtering)
         datums = build_datums(samples, cfg.loss_aggregation)
@@ -133,9 +142,11 @@ class Trainer:
         fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler))
         new_sampler = self._sampler(update, weights)
         trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
+        # The sampler-trainer mismatch, on the samples the weights this update starts from drew.
+        health["sampler_kl"] = sampler_kl(samples, drawn_by(batch.kept, state.step), fb_out.loss_fn_outputs)
         with schedule.untimed():
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
-                                                         dropped)})
+                                                         dropped), **health})
         # save: written once its save_state is done, behind the next step's sampling
         if save:
             schedule.checkpoint(submitted, trained)
@@ -187,12 +198,21 @@ class Trainer:
             raise RuntimeError("save_weights_for_sampler returned no model package ARN; cannot sample the new weights")
         return SamplerAt(step, self.training_client.create_sampling_client(model_package_arn=saved.model_package_arn))
 
-    def _stop(self, filled: Filled, record: dict[str, Any], sampler: SamplerAt) -> LoopState:
-        """The cap's clean stop: why, logged; the state saved and its checkpoint written now."""
-        reason = cap_reason(filled.state.step, filled.batch, self.cfg)
+    def _watch(self, filled: Filled, health: dict[str, Any], update: int) -> tuple[Filled, guards.Trip | None]:
+        """The guards' verdict on a step's sampled completions, their counts carried in the state. A step
+        filled entirely by carried groups sampled nothing new: no evidence either way, the counts stay."""
+        if not filled.batch.sampled:
+            return filled, None
+        memory, trip = guards.observe(filled.state.guard_state, health, self.limits, update)
+        return replace(filled, state=replace(filled.state, guard_state=memory)), trip
+
+    def _stop(self, filled: Filled, record: dict[str, Any], sampler: SamplerAt, reason: str,
+              guard: str = "") -> LoopState:
+        """A clean stop (the cap's; a health guard's, named by ``guard``): why, logged; the state saved and
+        its checkpoint written now."""
         self.metrics.print_fn(f"stopped: {reason}")
-        self.metrics.stopped(record)
-        stop = replace(filled.state, carry=filled.batch.kept, stopped_early=True, stop_reason=reason,
+        self.metrics.stopped({**record, "guard": guard} if guard else record)
+        stop = replace(filled.state, carry=filled.batch.kept, stopped_early=True, stop_reason=reason, guard=guard,
                        sampler_model_package_arn=sampler.client.model_package_arn)
         saved = self.training_client.save_state(description=f"dapo step {stop.step}")
         return stop.with_saved_state(PendingCheckpoint(saved, stop).write(self.checkpoint_dir))

@@ -22,8 +22,12 @@ from steps.platform import files
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
 # accuracy: strict (only an answer committed in the instructed form counts: #### N or \boxed{N} for GSM8K);
 # accuracy_lenient also takes one found otherwise, e.g. "the answer is N" (the task's grader: steps/dapo/task.py).
+# Then the health figures (steps/dapo/health.py): entropy estimate, sampler-trainer mismatch (k3 KL; nan where the
+# loss returns no logprobs), completion length percentiles, the share ending in a repetition loop, format errors.
 TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds", "accuracy_lenient",
-                "completion_tokens_mean", "truncated_frac", "off_policy_steps")
+                "completion_tokens_mean", "truncated_frac", "off_policy_steps",
+                "entropy", "sampler_kl", "completion_tokens_p50", "completion_tokens_p95", "completion_tokens_max",
+                "repetition_frac", "format_error_rate")
 EVAL_FIELDS = ("step", "accuracy")
 
 
@@ -66,13 +70,14 @@ def train_figures(batch: StepBatch, samples: Sequence[TrainSample], fb_metrics: 
     }
 
 
-#: Decimals of the float figures that are not fractions (those get 4; the loss 6 significant digits).
-DECIMALS = {"seconds": 2, "completion_tokens_mean": 1}
+#: Decimals of the float figures that are not fractions (those get 4); SIGNIFICANT ones get 6 significant digits.
+DECIMALS = {"seconds": 2, "completion_tokens_mean": 1, "completion_tokens_p50": 1, "completion_tokens_p95": 1}
+SIGNIFICANT = {"loss", "sampler_kl"}  # the KL of a healthy run is ~1e-6: 4 decimals would print 0
 
 
 def _format(value: Any, key: str) -> str:
     if isinstance(value, float):
-        return f"{value:.6g}" if key == "loss" else f"{value:.{DECIMALS.get(key, 4)}f}"
+        return f"{value:.6g}" if key in SIGNIFICANT else f"{value:.{DECIMALS.get(key, 4)}f}"
     return str(value)
 
 

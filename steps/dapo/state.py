@@ -4,7 +4,7 @@ SageMaker syncs the checkpoint dir (/opt/ml/checkpoints) to S3 and restores it
 when a job is retried. The state names the saved training state (a model
 package holding weights and Adam moments) and how many steps it contains, where
 the data order stands, the sampling-seed counter, the kept groups carried into
-the next step and the keep-rate evidence. It is written atomically
+the next step, the keep-rate evidence and the health guards' counts. It is written atomically
 (``steps/platform/files.py``), so a kill mid-write leaves the previous checkpoint intact.
 
 The data order: each epoch is a fresh permutation drawn from ``(seed, epoch)``,
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from steps.cli import Refused
+from steps.dapo.guards import GuardState
 from steps.dapo.sampling import Group, Rollout, derived_seed
 from steps.dapo.task import Grade
 from steps.platform import files
@@ -86,6 +87,8 @@ class LoopState:
     sampler_model_package_arn: str = ""
     stopped_early: bool = False
     stop_reason: str = ""
+    guard: str = ""  # the health guard that stopped the run (steps/dapo/guards.py), or ""
+    guard_state: GuardState = GuardState()  # the guards' counts, so a resumed run keeps them
 
     def with_saved_state(self, arn: str) -> "LoopState":
         return replace(self, state_model_package_arn=arn)
@@ -109,6 +112,8 @@ def from_json(raw: dict[str, Any]) -> LoopState:
     fields = {k: v for k, v in raw.items() if k != "version"}
     fields["position"] = DataPosition(**fields["position"])
     fields["carry"] = tuple(_group(g) for g in fields["carry"])
+    # Absent from checkpoints written before the guards: a resumed run then starts their counts afresh.
+    fields["guard_state"] = GuardState.from_json(fields.get("guard_state"))
     return LoopState(**fields)
 
 
