@@ -21,8 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from sagemaker.train.training_session import AdamParams, SamplingParams
 
 from steps.config import DapoConfig
-from steps.dapo import rollouts
-from steps.dapo import guards
+from steps.dapo import guards, rollouts
 from steps.dapo.batch import build_datums, train_samples
 from steps.dapo.health import drawn_by, health_figures, sampler_kl, step_rollouts
 from steps.dapo.heldout import EvalResult, evaluate_greedy
