@@ -112,12 +112,12 @@ def service_count(session_name: str, region: str | None, client: Any = None) -> 
             TrainingSessionName=session_name)["TrainingSessionDetail"]
         usage = detail.get("BillableTokenUsage")
     except Exception as exc:  # noqa: BLE001 - the bill is reported, never a reason to fail the step
-        log.warning("DescribeTrainingSession %s failed (%s: %s): reporting the client's token count",
+        log.warning("billable tokens of training session %s not read: DescribeTrainingSession failed (%s: %s)",
                     session_name, type(exc).__name__, exc)
         return None
     if usage is None:
-        log.warning("DescribeTrainingSession %s returned no BillableTokenUsage: reporting the client's token count",
-                    session_name)
+        log.warning("billable tokens of training session %s not read: DescribeTrainingSession returned no "
+                    "BillableTokenUsage", session_name)
         return None
     return TokenCount.from_service(usage)
 
