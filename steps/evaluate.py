@@ -11,8 +11,9 @@ wrong give the paired difference (trained - base) with an exact McNemar-compatib
 ``evaluation.json`` follows SageMaker's model-quality layout, so CheckAccuracy reads it with JsonGet:
 ``metrics.accuracy.value`` (the trained adapter, strict), ``training.steps_completed``,
 ``improvement.ci95_low`` and ``training.guard_stopped``. The base model's figures sit under ``base`` in
-the same layout. ``predictions.jsonl`` holds the trained adapter's greedy answers, ``rollouts.jsonl``
-the first ``eval_rollouts`` answers of both models (steps/dapo/rollouts.py).
+the same layout; ``billing``, the tokens the session billed (steps/platform/billing.py), beside them.
+``predictions.jsonl`` holds the trained adapter's greedy answers, ``rollouts.jsonl`` the first
+``eval_rollouts`` answers of both models (steps/dapo/rollouts.py).
 """
 from __future__ import annotations
 
