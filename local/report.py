@@ -136,6 +136,7 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
         lines.append(f"  training STOPPED EARLY after {model.get('steps_completed')} optimizer steps: "
                      f"{model.get('stop_reason')}")
     lines += evaluation_lines(run_dir)
+    lines += billing_lines(run_dir)
     outcome = "succeeded, model approved" if failure is None else f"FAILED at {failure.step}: {failure.message}"
     lines.append(f"  outcome: {outcome}")
     if package:
@@ -203,3 +204,36 @@ def rollout_lines(run_dir: Path, run: dict[str, Any] | None) -> list[str]:
         lines.append(f"    and as MLflow tables rollouts/*.json in run {run['run_id']} (its Artifacts tab)")
     return lines
 
+
+
+def billing_lines(run_dir: Path) -> list[str]:
+    """What the run's training sessions billed: TrainDAPO's (model.json ``billing``) and EvaluateModel's
+    (evaluation.json ``billing``), each as the session counted it and as the step counted it, and in all (USD
+    with session.prices; steps/platform/billing.py)."""
+    from steps.config import config_from_dict
+    from steps.platform import billing
+
+    evaluation = run_dir / "evaluation.json"
+    blocks = {"TrainDAPO": _model(run_dir).get("billing"),
+              "EvaluateModel": json.loads(evaluation.read_text()).get("billing") if evaluation.exists() else None}
+    blocks = {step: block for step, block in blocks.items() if block}
+    if not blocks:
+        return []
+
+    def tokens(count: billing.TokenCount) -> str:
+        return f"{count.prefill:,} prefill, {count.sample:,} sample, {count.train:,} train"
+
+    lines = ["  billed tokens (the session's BillableTokenUsage; the step's own count beside it):"]
+    for step, block in blocks.items():
+        count, client = billing.TokenCount.from_fields(block), billing.TokenCount.from_fields(block["client_count"])
+        if block["source"] != billing.SERVICE:
+            beside = "the session's count not read: this is the step's"
+        else:
+            beside = "step's count: the same" if client == count else f"step's count: {tokens(client)}"
+        lines.append(f"    {step:<14} {tokens(count)} ({beside}; session {block['session']})")
+    total, _ = billing.totals(*blocks.values())
+    prices = config_from_dict(_model(run_dir).get("config"), source="model.json config").session.prices
+    usd = billing.cost_usd(total, prices)
+    lines.append(f"    {'in all':<14} {tokens(total)}" + (f" = USD {usd:,.4f} at session.prices" if usd is not None
+                                                          else " (session.prices unset: no USD figure)"))
+    return lines

@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = len(definition["Steps"])
     print(f"local-run {run_id}: definition {args.definition_out} ({steps} top-level steps)", flush=True)
     declared = {p["Name"]: p["Type"] for p in definition["Parameters"]}
-    print(budget.describe(check_params(params, declared, args.config).dapo), flush=True)
+    execution_config = check_params(params, declared, args.config)
+    print(budget.describe(execution_config.dapo, prices=execution_config.session.prices), flush=True)
     failure: PipelineFailed | None = None
     cfg = load(args.config)[0]
     experiment = cfg.experiment_name

@@ -2,8 +2,9 @@
 
 ``make sessions`` lists every training session of the pipeline that the service still lists,
 newest first: status, age, whether its owner job (TrainDAPO's training job, EvaluateModel's
-processing job) is running, the attempt, the owner job's name and the session's name
-(steps/platform/ownership.py says how a name records its owner).
+processing job) is running, the attempt, the tokens it has billed so far (DescribeTrainingSession's
+BillableTokenUsage; in USD too with ``session.prices``), the owner job's name and the session's name
+(steps/platform/ownership.py says how a name records its owner), and the tokens of them all.
 
 ``make stop-orphans`` stops the Running ones whose owning job is not running, after one
 question for all of them (``YES=1`` answers it), and prints each session it stopped.
@@ -19,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 from pipeline.aws import cli_main, resolve_region
 from pipeline.config import load
+from steps.config.models import Prices
+from steps.platform import billing
 from steps.platform.ownership import (
     OwnedSession,
     job_key,
@@ -32,11 +35,23 @@ from steps.platform.ownership import (
 from steps.platform.versions import require_training_session_sdk
 
 
-def table(sessions: list[OwnedSession], running: set[str], now: datetime) -> list[str]:
+def billed_cells(count: billing.TokenCount | None, prices: Prices | None) -> tuple[str, ...]:
+    """A session's billed prefill, sample and train tokens (and USD with prices); "?" where they could not be read."""
+    if count is None:
+        return ("?",) * (4 if prices else 3)
+    usd = billing.cost_usd(count, prices)
+    return tuple(f"{n:,}" for n in (count.prefill, count.sample, count.train)) + (() if usd is None else
+                                                                                 (f"{usd:,.2f}",))
+
+
+def table(sessions: list[OwnedSession], running: set[str], now: datetime,
+          billed: dict[str, billing.TokenCount | None] | None = None, prices: Prices | None = None) -> list[str]:
     live = {job_key(job) for job in running}
-    rows = [("status", "age", "job running", "attempt", "owner job", "session")]
-    rows += [(s.status, s.age(now), "yes" if s.job in live else "no", str(s.attempt), owner_job(s.job), s.name)
-             for s in sessions]
+    billed = billed or {}
+    rows = [("status", "age", "job running", "attempt", "prefill", "sample", "train", *(("USD",) if prices else ()),
+             "owner job", "session")]
+    rows += [(s.status, s.age(now), "yes" if s.job in live else "no", str(s.attempt),
+              *billed_cells(billed.get(s.name), prices), owner_job(s.job), s.name) for s in sessions]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
 
@@ -79,7 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{len(sessions)}, {sum(s.status == 'Running' for s in sessions)} Running, "
           f"{len(found)} of them orphaned (their job is not running)")
     if sessions:
-        print("\n".join(table(sessions, running, datetime.now(timezone.utc))))
+        client = billing.control_client(region)
+        billed = {s.name: billing.service_count(s.name, region, client) for s in sessions}
+        prices = run.session.prices
+        print("\n".join(table(sessions, running, datetime.now(timezone.utc), billed, prices)))
+        read = [count for count in billed.values() if count is not None]
+        total = sum(read, billing.TokenCount())
+        usd = billing.cost_usd(total, prices)
+        print(f"billed by the {len(read)} sessions read: {total.prefill:,} prefill, {total.sample:,} sample and "
+              f"{total.train:,} train tokens" + (f" = USD {usd:,.2f} at session.prices" if usd is not None else ""))
     if not args.stop_orphans or not found:
         return 0
     if not confirm(f"Stop the {len(found)} orphaned training session(s)?", args.yes):

@@ -71,7 +71,8 @@ def start(session: boto3.Session, name: str, region: str, params: dict[str, str]
     if experiment:
         check_experiment(sm, name, experiment)
     preflight.before_start(session, run, config_path, params)
-    print(budget.describe(run.dapo), flush=True)  # what the execution may bill, before it can
+    # What the execution may bill, before it can.
+    print(budget.describe(run.dapo, prices=run.session.prices), flush=True)
     # The config's form of a data prefix ends with '/': s3://b/data/train would also read s3://b/data/train-old/.
     data = {n: getattr(run.pipeline, BY_NAME[n].field) for n in preflight.DATA_PARAMETERS if n in params}
     params = {**params, **data}

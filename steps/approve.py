@@ -5,11 +5,13 @@ The registry entry explains itself: ``CustomerMetadataProperties`` carry the tra
 ``pass_at_k`` and ``maj_at_k`` with their ``k``, ``n``), the base model's (``base_accuracy`` with its
 interval, ``base_pass_at_k``), the paired difference (``improvement`` with ``improvement_ci95_low``/``_high``
 and ``improvement_method``), the bars (``accuracy_threshold``, ``min_improvement``), how training ended
-(``steps_completed``, ``stopped_early``, ``guard``), the ``base_model``, the ``pipeline_execution_arn`` and
-the MLflow run; the approval description says the same in a sentence. ApproveModel runs it when
-CheckAccuracy holds. RecordRejection runs it with ``--reject`` on the other branch, before AccuracyTooLow
-fails the execution: the package then carries the same figures, the status ``Rejected`` and why
-(``rejection_reason``: each condition of the gate that failed).
+(``steps_completed``, ``stopped_early``, ``guard``), the ``base_model``, the ``pipeline_execution_arn``, the
+MLflow run, and what the run's training sessions billed (``billed_prefill_tokens``, ``billed_sample_tokens``,
+``billed_train_tokens``: TrainDAPO's and EvaluateModel's sessions together; ``billed_source``, where the
+counts come from; ``billed_usd`` with ``session.prices``); the approval description says the same in a
+sentence. ApproveModel runs it when CheckAccuracy holds. RecordRejection runs it with ``--reject`` on the other
+branch, before AccuracyTooLow fails the execution: the package then carries the same figures, the status
+``Rejected`` and why (``rejection_reason``: each condition of the gate that failed).
 
 Whether a package may be approved is the pipeline's condition alone (pipeline/pipeline.py); this step only
 explains it. :func:`failed_conditions` reads the same four figures the condition reads, against the same
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from steps.cli import Refused, run_step
+from steps.config.models import Prices
+from steps.platform import billing
 from steps.platform.artifacts import read_model_json
 
 APPROVED, REJECTED = "Approved", "Rejected"
@@ -115,10 +119,23 @@ def failed_conditions(evaluation: dict[str, Any], bars: Bars) -> list[tuple[str,
     return failed
 
 
+def billed(model: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, Any]:
+    """The run's billed tokens: TrainDAPO's session (model.json ``billing``) and EvaluateModel's (evaluation.json
+    ``billing``) together, where the counts come from and, with the run's ``session.prices``, the money; empty
+    for steps of before billing."""
+    count, sources = billing.totals(model.get("billing"), evaluation.get("billing"))
+    if not sources:
+        return {}
+    prices = ((model.get("config") or {}).get("session") or {}).get("prices")
+    usd = billing.cost_usd(count, Prices(**prices) if prices else None)
+    return {**{f"billed_{k}": v for k, v in count.fields().items()}, "billed_usd": usd,
+            "billed_source": " + ".join(sources)}
+
+
 def metadata(model: dict[str, Any], evaluation: dict[str, Any], execution_arn: str | None, bars: Bars,
              reject: bool = False) -> dict[str, str]:
-    """The package's CustomerMetadataProperties (at most 50, botocore's limit; ~30 here); a figure or fact
-    that is not known is left out."""
+    """The package's CustomerMetadataProperties (at most 50, botocore's limit, the session's own
+    TrainingSessionName among them; at most 33 here); a figure or fact that is not known is left out."""
     base, gain = evaluation.get("base") or {}, evaluation.get("improvement") or {}
     sampled = (evaluation.get("metrics") or {}).get("pass_at_k") or {}
     mlflow = model.get("mlflow") or {}
@@ -150,6 +167,7 @@ def metadata(model: dict[str, Any], evaluation: dict[str, Any], execution_arn: s
         "pipeline_execution_arn": execution_arn,
         "mlflow_run_id": mlflow.get("run_id"),
         "mlflow_experiment": mlflow.get("experiment"),
+        **billed(model, evaluation),
     }
     if reject:
         reasons = [short for short, _ in failed_conditions(evaluation, bars)]
@@ -189,6 +207,11 @@ def description(model: dict[str, Any], evaluation: dict[str, Any], bars: Bars, r
     training = f"{steps} optimizer steps from {model.get('base_model')}"
     if model.get("stopped_early"):
         training += f"; training stopped early: {model.get('stop_reason') or 'see the TrainDAPO log'}"
+    bill = billed(model, evaluation)
+    if bill:
+        training += (f"; billed {bill['billed_prefill_tokens']:,} prefill, {bill['billed_sample_tokens']:,} sample "
+                     f"and {bill['billed_train_tokens']:,} train tokens"
+                     + (f" (USD {bill['billed_usd']:.2f})" if bill["billed_usd"] is not None else ""))
     verdict = (REJECTED if reject else APPROVED) + " by the DAPO pipeline"
     return "; ".join([verdict + (": " + " and ".join(why) if why else ""), *parts, training])[:_DESCRIPTION_MAX]
 

@@ -11,8 +11,9 @@ wrong give the paired difference (trained - base) with an exact McNemar-compatib
 ``evaluation.json`` follows SageMaker's model-quality layout, so CheckAccuracy reads it with JsonGet:
 ``metrics.accuracy.value`` (the trained adapter, strict), ``training.steps_completed``,
 ``improvement.ci95_low`` and ``training.guard_stopped``. The base model's figures sit under ``base`` in
-the same layout. ``predictions.jsonl`` holds the trained adapter's greedy answers, ``rollouts.jsonl``
-the first ``eval_rollouts`` answers of both models (steps/dapo/rollouts.py).
+the same layout; ``billing``, the tokens the session billed (steps/platform/billing.py), beside them.
+``predictions.jsonl`` holds the trained adapter's greedy answers, ``rollouts.jsonl`` the first
+``eval_rollouts`` answers of both models (steps/dapo/rollouts.py).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from steps.dapo.heldout import EvalResult
 from steps.dapo.reward import RewardShaping
 from steps.gsm8k.data import load_examples
 from steps.gsm8k.task import GSM8K
-from steps.platform import files, tracking
+from steps.platform import billing, files, tracking
 from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client
@@ -95,7 +96,8 @@ def training_outcome(model: dict[str, Any]) -> dict[str, Any]:
     return {**outcome, "guard": model.get("guard") or "", "guard_stopped": int(bool(model.get("guard_stopped")))}
 
 
-def report(results: dict[str, EvalResult], model: dict[str, Any], cfg: Any) -> dict[str, Any]:
+def report(results: dict[str, EvalResult], model: dict[str, Any], cfg: Any,
+           bill: dict[str, Any] | None = None) -> dict[str, Any]:
     trained, base = results["trained"], results["base"]
     return {
         "metrics": figures(trained),
@@ -107,11 +109,12 @@ def report(results: dict[str, EvalResult], model: dict[str, Any], cfg: Any) -> d
                  "model": cfg.session.base_model},
         "improvement": improvement(trained, base),
         "training": training_outcome(model),
+        **({"billing": bill} if bill is not None else {}),  # this step's session (steps/platform/billing.py)
     }
 
 
 def log_to_mlflow(tracker: tracking.MlflowTracker, model: dict[str, Any], evaluation: dict[str, Any],
-                  out: Path, shown: list[dict[str, Any]]) -> None:
+                  out: Path, shown: list[dict[str, Any]], prices: Any = None) -> None:
     """The figures, the reports and the rollouts into the training run: ``final_eval/...`` at the last
     step, the base model's ``base_eval/...`` at step 0 (where the curves start)."""
     def flat(block: dict[str, Any]) -> dict[str, float]:
@@ -123,6 +126,7 @@ def log_to_mlflow(tracker: tracking.MlflowTracker, model: dict[str, Any], evalua
     step = int(model.get("steps_completed") or 0)
     gain = evaluation["improvement"]
     tracker.log_metrics({f"base_eval/{k}": v for k, v in flat(evaluation["base"]).items()}, step=0)
+    tracker.log_metrics(billing_metrics(model, evaluation, prices), step=step)
     tracker.log_metrics({**{f"final_eval/{k}": v for k, v in flat(evaluation).items()},
                          **{f"final_eval/improvement{suffix}": gain[key] for suffix, key in
                             (("", "value"), ("_ci95_low", "ci95_low"), ("_ci95_high", "ci95_high"))}}, step=step)
@@ -131,6 +135,19 @@ def log_to_mlflow(tracker: tracking.MlflowTracker, model: dict[str, Any], evalua
     if shown:
         tracker.log_table(rollouts.table(shown), rollouts.artifact_file(None))
     tracker.finish()
+
+
+def billing_metrics(model: dict[str, Any], evaluation: dict[str, Any], prices: Any) -> dict[str, float]:
+    """MLflow's figures of what was billed: ``eval_billing/...`` this step's session, ``run_billing/...`` the
+    run's (TrainDAPO's session, logged as ``billing/...``, and this one), with ``cost_usd`` at ``prices``."""
+    out: dict[str, float] = {}
+    for prefix, blocks in (("eval_billing", (evaluation.get("billing"),)),
+                           ("run_billing", (model.get("billing"), evaluation.get("billing")))):
+        count, _ = billing.totals(*blocks)
+        usd = billing.cost_usd(count, prices)
+        out.update({f"{prefix}/{k}": v for k, v in count.fields().items()})
+        out.update({f"{prefix}/cost_usd": usd} if usd is not None else {})
+    return out
 
 
 def write_outputs(out: Path, evaluation: dict[str, Any], trained: EvalResult, shown: list[dict[str, Any]]) -> None:
@@ -144,8 +161,9 @@ def write_outputs(out: Path, evaluation: dict[str, Any], trained: EvalResult, sh
 
 
 def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenizer: Any,
-                        examples: Sequence[Any]) -> dict[str, EvalResult]:
-    """Both models' answers in one session of this job's own, stopped however this ends.
+                        examples: Sequence[Any]) -> tuple[dict[str, EvalResult], dict[str, Any]]:
+    """Both models' answers in one session of this job's own, stopped however this ends, and what the session
+    billed (read once stopped; the client's count beside it, steps/platform/billing.py).
 
     Named after the job like TrainDAPO's (steps/platform/ownership.py): after a SIGKILL, the next job of the
     pipeline finds it and stops it, where the SDK's implicit sampling session would bill unnoticed. The two
@@ -155,6 +173,7 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
     """
     d = cfg.dapo
     name = this_jobs_session_name(service, cfg.session.region)
+    meter = billing.TokenMeter(prices=cfg.session.prices)
     training_client = service.create_lora_training_client(**lora_kwargs(cfg.session, name))
     try:
         arns = {"base": "", "trained": model_package_arn}
@@ -163,11 +182,14 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
             model: heldout.launch(training_client.create_sampling_client(model_package_arn=arns[model]), GSM8K,
                                   tokenizer, examples, d.max_tokens, d.sample_retries,
                                   cfg.session.chat_template_kwargs, k=d.eval_k, temperature=d.temperature,
-                                  seed=d.seed, shaping=shaping)
+                                  seed=d.seed, shaping=shaping, meter=meter)
             for model in MODELS}
-        return {model: pending[model].result() for model in MODELS}
+        results = {model: pending[model].result() for model in MODELS}
     finally:
         training_client.stop()  # first: the session is what is billed
+    name = training_client.training_session_name
+    return results, billing.block(meter.total, billing.service_count(name, cfg.session.region), name,
+                                  cfg.session.prices)
 
 
 def summary_line(evaluation: dict[str, Any]) -> str:
@@ -198,8 +220,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
     service = service_client(cfg.session)
     tracker = tracking.resume(model.get("mlflow"))  # the training run, if it was tracked; connects meanwhile
-    results = evaluate_in_session(service, cfg, model["model_package_arn"], tokenizer, examples)
-    evaluation = report(results, model, cfg)
+    results, bill = evaluate_in_session(service, cfg, model["model_package_arn"], tokenizer, examples)
+    evaluation = report(results, model, cfg, bill)
     step = int(model.get("steps_completed") or 0)
     # The base model's answers are those of step 0.
     shown = [row for name in MODELS for row in rollouts.rows(results[name].predictions, step if name == "trained"
@@ -207,8 +229,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     write_outputs(out, evaluation, results["trained"], shown)
     if tracker:
-        log_to_mlflow(tracker, model, evaluation, out, shown)
+        log_to_mlflow(tracker, model, evaluation, out, shown, cfg.session.prices)
     print(summary_line(evaluation), flush=True)
+    print(billing.line(bill), flush=True)
     failed = sum(r.failed for r in results.values())
     if failed:
         print(f"warning: {failed} of {2 * len(examples)} greedy requests failed after retries and were counted as "

@@ -29,7 +29,7 @@ from steps.dapo.loop import Outcome, Trainer
 from steps.dapo.state import LoopState
 from steps.gsm8k.data import Example, load_examples
 from steps.gsm8k.task import GSM8K
-from steps.platform import tracking
+from steps.platform import billing, tracking
 from steps.platform.artifacts import write_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client
@@ -132,6 +132,13 @@ def finish_tracking(tracker: tracking.MlflowTracker | None, outcome: Outcome, me
     return tracker.finish()
 
 
+def earlier_tokens(metrics_path: Path) -> billing.TokenCount:
+    """The billable tokens of earlier attempts of this step, as the last train line kept in metrics.jsonl (the
+    checkpoint's step, once truncated) counted them; nothing for a fresh start."""
+    steps = [r for r in metrics_io.read(metrics_path) if r.get("kind") == "step"]
+    return billing.TokenCount.from_fields(steps[-1]) if steps else billing.TokenCount()
+
+
 def resume_hint(checkpoint_dir: str) -> str:
     try:
         state = checkpoint.read(checkpoint_dir)
@@ -163,23 +170,32 @@ def train(args: argparse.Namespace) -> int:
     metrics_io.truncate_after(metrics_path, start.step)
     metrics_io.truncate_after(metrics_path.parent / rollouts.FILE, start.step)  # redone evaluations rewrite theirs
 
+    earlier = earlier_tokens(metrics_path)
+    meter = billing.TokenMeter(earlier, cfg.session.prices)
+
     training_client = open_session(service, cfg, start, session_name)
     tracker = tracking.start(tracking.config_params(to_dict(cfg)), Path(args.checkpoint_dir) / tracking.RUN_FILE)
+    metrics = metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True),
+                                    trackers=[tracker] if tracker else [])
     outcome: Outcome | None = None
     try:
         trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
                           train_examples=train_examples, eval_examples=eval_examples,
-                          chat_template_kwargs=cfg.session.chat_template_kwargs,
-                          metrics=metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True),
-                                                        trackers=[tracker] if tracker else []),
-                          checkpoint_dir=Path(args.checkpoint_dir))
+                          chat_template_kwargs=cfg.session.chat_template_kwargs, metrics=metrics,
+                          checkpoint_dir=Path(args.checkpoint_dir), meter=meter)
         outcome = trainer.run(start)
     finally:
         training_client.stop()  # first: the session is what is billed
         log.info("training session %s stopped", training_client.training_session_name)
         if tracker is not None and outcome is None:  # training ended with an error
             tracker.finish("FAILED")
-    write_model_json(args.model_dir, model_record(cfg, outcome, finish_tracking(tracker, outcome, metrics_path)))
+    # What the session billed, read once it is stopped (its count is final then), beside the client's count.
+    name = training_client.training_session_name
+    bill = billing.block(meter.total, billing.service_count(name, cfg.session.region), name, cfg.session.prices,
+                         earlier)
+    metrics.billing(outcome.state.step, bill)
+    record = model_record(cfg, outcome, finish_tracking(tracker, outcome, metrics_path))
+    write_model_json(args.model_dir, {**record, "billing": bill})
     state = outcome.state
     print(f"done: steps={state.step} stopped_early={str(state.stopped_early).lower()} "
           f"model_package_arn={state.sampler_model_package_arn}" + (f" guard={state.guard}" if state.guard else ""),

@@ -7,11 +7,14 @@ import re
 from pathlib import Path
 
 import boto3
+import botocore.session
 import pytest
 from moto import mock_aws
 
 from local.toy_data import write_split
 from steps import approve, train
+from steps.platform import billing
+from steps.platform.billing import TokenCount
 from tests import evaluations
 from tests.local_service import ENDPOINT_ENV_VARS, client_kwargs
 
@@ -119,6 +122,41 @@ def test_a_run_a_health_guard_stopped_is_rejected_naming_the_guard(registry, tmp
     properties = sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]
     assert properties["rejection_reason"] == "stopped by guard entropy_collapse"
     assert properties["guard"] == "entropy_collapse"
+
+
+def test_the_largest_metadata_fits_the_registrys_limits():
+    """Every key approve may write at once (a rejection on all four conditions, pass@k, a guard, the MLflow run, the
+    execution, both sessions' billing with prices and earlier sessions) fits CustomerMetadataProperties as botocore
+    models it, beside the key the training session writes itself (TrainingSessionName)."""
+    shapes = botocore.session.get_session().get_service_model("sagemaker")
+    limits = {name: shapes.shape_for(name).metadata for name in ("CustomerMetadataMap", "CustomerMetadataKey",
+                                                                 "CustomerMetadataValue")}
+    prices = {"prefill_usd_per_million": 1.25, "sample_usd_per_million": 5.5, "train_usd_per_million": 4.75}
+    big = TokenCount(2**31 - 1, 9 * 10**10, 7 * 10**10)  # beyond a 32-bit Integer: a long run's totals
+    train_bill = billing.block(big, big, "dapo-1a2b3c4d-abc123def456-TrainDAPO-0123456789-2", None, TokenCount(5, 6, 7))
+    eval_bill = billing.block(big, None, "dapo-1a2b3c4d-abc123def456-EvaluateModel-0123456789-1", None)
+    model = {"model_package_arn": "arn:aws:sagemaker:us-west-2:123456789012:model-package/dapo/7", "base_model": BASE,
+             "steps_completed": 0, "stopped_early": True, "stop_reason": "guard entropy_collapse fired",
+             "config": {"session": {"region": "us-west-2", "prices": prices}}, "billing": train_bill,
+             "mlflow": {"tracking_uri": "arn:aws:sagemaker:us-west-2:123456789012:mlflow-tracking-server/t",
+                        "experiment": "e" * 300, "run_id": "5f0c2a" * 6}}
+    evaluation = {**evaluations.paired(trained=0, base=90, both=10, n=1319, steps=0, guard="entropy_collapse"),
+                  "billing": eval_bill}
+    properties = approve.metadata(model, evaluation, EXECUTION, approve.Bars(0.99, 0.05), reject=True)
+
+    assert {"pass_at_k", "guard", "rejection_reason", "mlflow_run_id", "pipeline_execution_arn", "billed_usd",
+            "billed_prefill_tokens", "billed_sample_tokens", "billed_train_tokens", "billed_source"} <= set(properties)
+    assert len(properties) + 1 <= limits["CustomerMetadataMap"]["max"]  # + TrainingSessionName
+    assert all(limits["CustomerMetadataKey"]["min"] <= len(k) <= limits["CustomerMetadataKey"]["max"]
+               and METADATA_VALUE.fullmatch(k) for k in properties)
+    assert all(len(v) <= limits["CustomerMetadataValue"]["max"] and METADATA_VALUE.fullmatch(v)
+               for v in properties.values()), properties
+    # The run's tokens: both sessions together (TrainDAPO's with its earlier sessions), money at the run's prices.
+    total = big + big + TokenCount(5, 6, 7)
+    assert [properties[f"billed_{k}"] for k in billing.FIELDS] == [str(n) for n in (total.prefill, total.sample,
+                                                                                    total.train)]
+    assert properties["billed_usd"] == f"{(total.prefill * 1.25 + total.sample * 5.5 + total.train * 4.75) / 1e6:.4f}"
+    assert properties["billed_source"] == "DescribeTrainingSession.BillableTokenUsage + client count"
 
 
 def test_approve_refuses_a_bad_evaluation(tmp_path, capsys):

@@ -1,13 +1,16 @@
-"""Say what it costs: the most generation batches a run may draw and the session time a step may take, printed by
-`make start-pipeline` (against moto here; tests/test_local_run.py runs the local run, which prints the same)."""
+"""Say what it costs: the most generation batches a run may draw, the session time a step may take and the tokens
+its sessions may bill (in USD with session.prices), printed by `make start-pipeline` (against moto here;
+tests/test_local_run.py runs the local run, which prints the same)."""
 from __future__ import annotations
 
 import pytest
 
 from pipeline import start as start_cmd
-from pipeline.budget import describe, worst_case
+from pipeline.budget import PROMPT_TOKENS, describe, worst_case
 from pipeline.throughput import Throughput
 from steps.config import DapoConfig, load_config
+from steps.config.models import Prices
+from steps.platform.billing import TokenCount
 from tests import test_pipeline_deploy as deploy_tests
 from tests.test_pipeline_definition import ROOT
 from tests.test_preflight import REGION
@@ -45,6 +48,31 @@ def test_the_message_names_the_settings_and_a_run_bounded_by_epochs():
     assert "each step may draw up to 10 generation batches" in epochs and "dapo.epochs bounds the steps" in epochs
 
 
+def test_the_most_tokens_a_run_may_bill_and_their_price():
+    """Every generation batch drawn, every completion max_tokens long: a step prefills each request's prompt once and
+    trains every sample's prompt + completion - 1 tokens; the evaluations (3 in training at eval_every 10, then
+    EvaluateModel's: both models, greedy and 4 samples a question) prefill and sample too."""
+    p = PROMPT_TOKENS
+    dapo = DapoConfig(max_steps=30, max_num_gen_batches=4, batch_size=16, group_size=8, max_tokens=512, eval_every=10,
+                      eval_size=50, eval_k=4)
+    budget = worst_case(dapo)
+    requests = 4 * 16
+    assert budget.step_tokens == TokenCount(prefill=requests * p, sample=requests * 8 * 512, train=16 * 8 * (p + 511))
+    assert budget.eval_tokens == TokenCount(prefill=50 * (3 + 2 * 2) * p, sample=50 * (3 + 2 * 5) * 512)
+    total = TokenCount(30 * requests * p, 30 * requests * 8 * 512, 30 * 16 * 8 * (p + 511)) + budget.eval_tokens
+    assert budget.tokens == total
+    text = describe(dapo)
+    assert (f"cost: the run's sessions may bill up to {total.prefill:,} prefill, {total.sample:,} sample and "
+            f"{total.train:,} train tokens, the evaluations' ") in text
+    assert "set session.prices to see it in USD" in text
+    prices = Prices(prefill_usd_per_million=1.5, sample_usd_per_million=6.0, train_usd_per_million=3.0)
+    usd = (total.prefill * 1.5 + total.sample * 6.0 + total.train * 3.0) / 1e6
+    assert f"{total.train:,} train tokens = USD {usd:,.2f}, the evaluations' " in describe(dapo, prices=prices)
+    # Bounded by epochs: per step, and the evaluations' (the whole GSM8K test split at eval_size 0).
+    epochs = describe(DapoConfig(max_steps=None, epochs=1, eval_size=0), prices=prices)
+    assert "cost: each step may bill up to " in epochs and " sample tokens = USD " in epochs
+
+
 def test_start_pipeline_says_what_it_may_cost_before_it_starts(pipeline_in_moto, config, capsys):
     session, sm, name = pipeline_in_moto
     start_cmd.start(session, name, REGION, {"MaxSteps": "30", "BatchSize": "64"}, str(config))
@@ -53,4 +81,4 @@ def test_start_pipeline_says_what_it_may_cost_before_it_starts(pipeline_in_moto,
     # The execution's values: the overrides in place, the rest from the config.
     assert (f"a run may draw up to max_steps 30 x max_num_gen_batches {dapo.max_num_gen_batches} = "
             f"{30 * dapo.max_num_gen_batches:,} generation batches of 64 x {dapo.group_size}") in out
-    assert "cost: a step may take up to" in out
+    assert "cost: a step may take up to" in out and "cost: the run's sessions may bill up to " in out

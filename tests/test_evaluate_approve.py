@@ -10,7 +10,12 @@ import pytest
 from local.toy_data import write_split
 from steps import evaluate, train
 from steps.dapo import stats
+from steps.gsm8k.data import load_examples
+from steps.gsm8k.task import GSM8K
+from steps.platform import billing
 from tests.local_service import ENDPOINT_ENV_VARS, client_kwargs
+from tests.test_service_wire import control_client
+from tests.test_train import toy_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +39,7 @@ def trained(tmp_path_factory, training_service):
     return d, Path(eval_path)
 
 
-@pytest.mark.usefixtures("local_service")
-def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_path):
+def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_path, local_service):
     d, eval_path = trained
     # The model input as SageMaker hands it to a processing job: a directory holding model.tar.gz.
     model_input = tmp_path / "model_input"
@@ -92,6 +96,18 @@ def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_p
         [p["question"] for p in predictions[:16]]
     assert {"question", "completion", "extracted", "gold", "reward"} <= set(shown[0])
     assert [r["reward"] for r in shown[16:]] == [p["reward"] for p in predictions[:16]]
+    # What the evaluation's session billed, as the service counts it (read here through boto3), and the step's own
+    # count the same: each question's prompt prefilled once per request (greedy, and k samples), for both models.
+    bill = report["billing"]
+    usage = control_client(local_service.url).describe_training_session(TrainingSessionName=bill["session"])[
+        "TrainingSessionDetail"]["BillableTokenUsage"]
+    counted = {"prefill_tokens": usage["PrefillTokenCount"], "sample_tokens": usage["SampleTokenCount"],
+               "train_tokens": usage["TrainingTokenCount"]}
+    assert bill == {**counted, "source": billing.SERVICE, "session": bill["session"], "client_count": counted}
+    tok = toy_tokenizer()
+    prompts = sum(len(GSM8K.prompt(ex, tok, {})) for ex in load_examples(eval_path)[:100])
+    assert counted["prefill_tokens"] == 2 * 2 * prompts and counted["sample_tokens"] > 0
+    assert counted["train_tokens"] == 0
 
 
 def test_failed_requests_are_counted_wrong_and_reported(trained, tmp_path, local_service, capsys):

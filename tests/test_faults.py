@@ -30,9 +30,12 @@ import pytest
 
 from local.training_session.faults import Faults
 from steps import train
+from steps.dapo import metrics as metrics_io
 from steps.dapo import state as ckpt_io
+from steps.platform import billing
 from steps.platform.ownership import ENV_JOB, ENV_LOCAL_JOBS, ENV_PIPELINE, LocalJobs, Owner
 from tests import test_train
+from tests.test_service_wire import control_client
 from tests.test_train import ROOT, argv, start_training, step_records, subprocess_env
 
 pytestmark = pytest.mark.usefixtures("local_service")
@@ -156,8 +159,28 @@ def test_failed_sampling_operations_are_resampled(tmp_path, toy_data, local_serv
     # A failed request is resubmitted, so (at 5%) no group is lost and every step trains on a full batch.
     assert all(r["kept_groups"] == 8 for r in step_records(tmp_path))
     assert mine["status"] == "Stopped"
+    assert_billed_as_the_service_counts(tmp_path, local_service, mine["name"])
     ROWS.append(Row("5% of sampling ops fail", f"{failed} sampling ops failed",
                     "resampled; finished 4/4 steps; Adam steps 4; session stopped"))
+
+
+def assert_billed_as_the_service_counts(tmp_path: Path, service, name: str) -> None:
+    """What the run reports it billed is the session's own BillableTokenUsage (through boto3), and the client's
+    count (what the loop sent and received: failed sampling requests bill nothing) is the same figure."""
+    usage = control_client(service.url).describe_training_session(TrainingSessionName=name)[
+        "TrainingSessionDetail"]["BillableTokenUsage"]
+    counted = {"prefill_tokens": usage["PrefillTokenCount"], "sample_tokens": usage["SampleTokenCount"],
+               "train_tokens": usage["TrainingTokenCount"]}
+    assert min(counted.values()) > 0
+    bill = json.loads((tmp_path / "model" / "model.json").read_text())["billing"]
+    assert bill == {**counted, "source": billing.SERVICE, "session": name, "client_count": counted}
+    # Running totals per step, in the train line's order; the final evaluation's sampling comes after the last.
+    steps, [final] = step_records(tmp_path), [r for r in metrics_io.read(tmp_path / "out" / "metrics.jsonl")
+                                              if r["kind"] == "billing"]
+    for kind in counted:
+        totals = [r[kind] for r in steps]
+        assert totals == sorted(totals) and totals[0] > 0 and totals[-1] <= counted[kind] == final[kind]
+    assert steps[-1]["train_tokens"] == counted["train_tokens"]  # only the steps train
 
 
 # -- faults that stop the run, and the resume ----------------------------------------------

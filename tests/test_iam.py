@@ -276,7 +276,8 @@ def test_the_deployer_is_granted_exactly_what_deploy_start_and_the_session_comma
             "sagemaker:AddTags", "sagemaker:StartPipelineExecution", "sagemaker:ListPipelineExecutionSteps",
             } <= deployer_calls  # the recording works
     assert sessions_cli_calls == {"sagemaker:ListTrainingSessions", "sagemaker:ListTrainingJobs",
-                                  "sagemaker:ListProcessingJobs", "sagemaker:StopTrainingSession"}
+                                  "sagemaker:ListProcessingJobs", "sagemaker:StopTrainingSession",
+                                  "sagemaker:DescribeTrainingSession"}  # make sessions: each one's billed tokens
     calls = deployer_calls | sessions_cli_calls | set(DEPLOYER_UNRECORDED)
     given = granted(policy("deployer-policy.json"))
     assert {"missing": calls - given, "never used": given - calls} == {"missing": set(), "never used": set()}

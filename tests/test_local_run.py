@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from local import run
+from steps.platform import billing
 
 
 def _run(tmp_path, *extra):
@@ -65,6 +66,20 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     cost = out.index("cost: a run may draw up to max_steps 15 x max_num_gen_batches ")
     assert cost < out.index("[ValidateData] started") and "cost: a step may take up to" in out
     assert json.loads((tmp_path / "pipeline.json").read_text())["Version"] == "2020-12-01"
+    # What the run billed: each step's session as the service counted it (DescribeTrainingSession), the step's own
+    # count the same; in the summary, the registry metadata and (below) the MLflow run.
+    bills = {"TrainDAPO": json.loads((d / "model.json").read_text())["billing"], "EvaluateModel": trained["billing"]}
+    for step, bill in bills.items():
+        count = billing.TokenCount.from_fields(bill)
+        assert bill["source"] == billing.SERVICE and bill["client_count"] == count.fields(), bill
+        assert (f"    {step:<14} {count.prefill:,} prefill, {count.sample:,} sample, {count.train:,} train (step's "
+                f"count: the same; session {bill['session']})") in out
+    total = billing.TokenCount.from_fields(bills["TrainDAPO"]) + billing.TokenCount.from_fields(trained["billing"])
+    assert total.train == bills["TrainDAPO"]["train_tokens"] > 0 and total.prefill > 0
+    assert (f"    in all         {total.prefill:,} prefill, {total.sample:,} sample, {total.train:,} train "
+            "(session.prices unset: no USD figure)") in out
+    assert (f"billed_prefill_tokens={total.prefill} billed_sample_tokens={total.sample} "
+            f"billed_source={billing.SERVICE} billed_train_tokens={total.train}") in out
 
     # The local MLflow store under the runs dir has the run: its params and one point per step.
     store = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
@@ -76,6 +91,13 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert mlflow_run.data.metrics["final_eval/accuracy"] == trained["metrics"]["accuracy"]["value"]
     assert mlflow_run.data.metrics["final_eval/improvement_ci95_low"] == gain["ci95_low"]
     assert mlflow_run.data.metrics["base_eval/accuracy"] == base["metrics"]["accuracy"]["value"]
+    # Billed tokens: running totals per step, TrainDAPO's session, EvaluateModel's, and the run's.
+    history = [m.value for m in client.get_metric_history(mlflow_run.info.run_id, "step/sample_tokens")]
+    assert len(history) == 15 and history == sorted(history) and history[-1] <= bills["TrainDAPO"]["sample_tokens"]
+    for kind, n in total.fields().items():
+        assert mlflow_run.data.metrics[f"billing/{kind}"] == bills["TrainDAPO"][kind]
+        assert mlflow_run.data.metrics[f"eval_billing/{kind}"] == trained["billing"][kind]
+        assert mlflow_run.data.metrics[f"run_billing/{kind}"] == n
     assert {a.path for a in client.list_artifacts(mlflow_run.info.run_id)} == {
         "evaluation.json", "predictions.jsonl", "curves.png", "rollouts"}
     # Rollouts as MLflow tables: the in-training evaluations' (eval_every 10, and the last step's) and EvaluateModel's,

@@ -346,13 +346,14 @@ def test_a_tracking_server_builds_the_mlflow_config_and_reaches_the_training_job
 def test_the_tokenizer_channel_and_the_chat_template_arguments_reach_every_step(tmp_path):
     """pipeline.tokenizer_s3_uri: TrainDAPO's `tokenizer` channel, ValidateData's and EvaluateModel's input and
     --tokenizer argument; session.chat_template_kwargs and max_context_tokens: ValidateData's arguments and the
-    hyperparameters, read back as the same config."""
+    hyperparameters, read back as the same config (session.prices too)."""
     from pipeline.definition import build_definition
 
     raw = load_yaml(LOCAL)
     raw["pipeline"]["tokenizer_s3_uri"] = "s3://dapo-local/tokenizers/qwen3-6-27b"
     raw["session"].update(chat_template_kwargs={"enable_thinking": False, "note": "a long value " * 8},
-                          max_context_tokens=32768)
+                          max_context_tokens=32768, prices={"prefill_usd_per_million": 1.25,
+                                                            "sample_usd_per_million": 5.5, "train_usd_per_million": 4})
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps(raw))
     definition = build_definition(*load(path))
@@ -372,6 +373,7 @@ def test_the_tokenizer_channel_and_the_chat_template_arguments_reach_every_step(
     run = config_from_dict(apply_overrides({}, {k: v for k, v in hps.items() if isinstance(v, str)}, "hp"), "hp")
     assert run.session.chat_template_kwargs == raw["session"]["chat_template_kwargs"]
     assert run.session.max_context_tokens == 32768
+    assert run.session.prices.model_dump() == raw["session"]["prices"]  # the steps price their tokens with it
 
 
 def test_parameters_and_their_defaults_come_from_the_config(definition, built):

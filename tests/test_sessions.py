@@ -40,6 +40,7 @@ from steps.platform.ownership import (
 )
 from steps.platform.tracking import ENV_EXECUTION_ARN
 from tests.local_service import ACCOUNT, BASE_MODEL_ARN, REGION
+from tests.test_service_wire import PROMPT, SAMPLING, control_client
 from tests.test_train import argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,10 +257,12 @@ def write_config(tmp_path: Path, pipeline: str) -> Path:
 
 @pytest.fixture
 def two_sessions(service_client, tmp_path):
-    """A pipeline with a session whose job runs (in moto) and an orphan, and the config naming the pipeline."""
+    """A pipeline with a session whose job runs (in moto) and has sampled once, an orphan, and the config naming
+    the pipeline."""
     pipeline = a_pipeline()
     live, dead = Owner(pipeline, PIPELINE_JOB), Owner(pipeline, EVALUATE_JOB)
     clients = [create(service_client, live.session_name(1)), create(service_client, dead.session_name(1))]
+    clients[0].create_sampling_client().sample(PROMPT, 2, SAMPLING).result()
     with mock_aws():
         boto3.client("sagemaker", region_name=REGION).create_training_job(
             TrainingJobName=live.job, RoleArn=f"arn:aws:iam::{ACCOUNT}:role/r",
@@ -273,16 +276,25 @@ def two_sessions(service_client, tmp_path):
         client.stop()
 
 
-def test_make_sessions_lists_owner_attempt_state_and_age(two_sessions, service_client, capsys):
+def test_make_sessions_lists_owner_attempt_state_age_and_billed_tokens(two_sessions, service_client, local_service,
+                                                                      capsys):
     config, live, dead = two_sessions
     assert sessions_cmd.main(["--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert f"names start {pipeline_key(live.pipeline)}-): 2, 2 Running, 1 of them orphaned" in out
-    assert out.splitlines()[1].split() == ["status", "age", "job", "running", "attempt", "owner", "job", "session"]
-    rows = {line.split()[-1]: line.split() for line in out.splitlines()[2:]}
-    assert rows[live.session_name(1)][:1] + rows[live.session_name(1)][2:] == ["Running", "yes", "1", live.job,
-                                                                                live.session_name(1)]
-    assert rows[dead.session_name(1)][2:5] == ["no", "1", dead.job]
+    assert out.splitlines()[1].split() == ["status", "age", "job", "running", "attempt", "prefill", "sample", "train",
+                                           "owner", "job", "session"]
+    rows = {line.split()[-1]: line.split() for line in out.splitlines()[2:4]}
+    # The tokens each session billed so far, as DescribeTrainingSession counts them.
+    usage = control_client(local_service.url).describe_training_session(
+        TrainingSessionName=live.session_name(1))["TrainingSessionDetail"]["BillableTokenUsage"]
+    billed = [f"{usage[k]:,}" for k in ("PrefillTokenCount", "SampleTokenCount", "TrainingTokenCount")]
+    assert usage["PrefillTokenCount"] == len(PROMPT) and usage["SampleTokenCount"] > 0
+    assert rows[live.session_name(1)][:1] + rows[live.session_name(1)][2:] == ["Running", "yes", "1", *billed,
+                                                                                live.job, live.session_name(1)]
+    assert rows[dead.session_name(1)][2:8] == ["no", "1", "0", "0", "0", dead.job]
+    assert out.splitlines()[4] == (f"billed by the 2 sessions read: {billed[0]} prefill, {billed[1]} sample and 0 "
+                                   "train tokens")
     assert statuses(service_client, live.pipeline)[dead.session_name(1)] == "Running"  # listing stops nothing
 
 

@@ -33,6 +33,16 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Prices(Section):
+    """``session.prices``: what the training-session service charges for the base model's tokens, in USD per
+    million of each kind it bills (DescribeTrainingSession's BillableTokenUsage; steps/platform/billing.py).
+    No price ships with the project: the figures are the user's, from the SageMaker AI pricing page."""
+
+    prefill_usd_per_million: float = Field(ge=0)
+    sample_usd_per_million: float = Field(ge=0)
+    train_usd_per_million: float = Field(ge=0)
+
+
 class SessionConfig(Section):
     """Which model to train and where the training session keeps its artifacts."""
 
@@ -53,6 +63,10 @@ class SessionConfig(Section):
     role_arn: str | None = None
     model_package_group_arn: str | None = None
     s3_output_path: str | None = None
+    # USD per million billed tokens of each kind, to show the token totals as money; null: tokens only.
+    prices: Prices | None = Field(None, json_schema_extra=_rule(
+        "must be {prefill_usd_per_million: X, sample_usd_per_million: Y, train_usd_per_million: Z} "
+        "(USD per million tokens, each >= 0), or null"))
 
 
 class DapoConfig(Section):

@@ -23,6 +23,7 @@ from steps.dapo import stats
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import GenerationBatch, GroupSampler
 from steps.dapo.task import Example, Task
+from steps.platform.billing import TokenMeter
 
 
 @dataclass(frozen=True)
@@ -101,17 +102,18 @@ class PendingEval:
 def launch(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Example], max_tokens: int,
            sample_retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None, *,
            k: int = 0, temperature: float = 1.0, seed: int = 0,
-           shaping: RewardShaping | None = None) -> PendingEval:
+           shaping: RewardShaping | None = None, meter: TokenMeter | None = None) -> PendingEval:
     """Submit a greedy request per example, and with ``k`` > 0 a request of ``k`` samples at ``temperature``
     (seeded from ``seed``: two models evaluated with one seed draw with the same random numbers).
     ``shaping`` turns grades into the rewards reported beside the answers (default: strict, no overlong
-    punishment)."""
+    punishment); ``meter`` counts the billable tokens of every request that completes."""
     shaping = shaping or RewardShaping(max_tokens=max_tokens)
 
     def sampler(group_size: int, temp: float) -> GroupSampler:
         return GroupSampler(task=task, tokenizer=tokenizer, examples=examples, group_size=group_size,
                             params=SamplingParams(max_tokens=max_tokens, temperature=temp), shaping=shaping,
-                            sample_retries=sample_retries, chat_template_kwargs=chat_template_kwargs or {})
+                            sample_retries=sample_retries, chat_template_kwargs=chat_template_kwargs or {},
+                            meter=meter)
 
     indices = range(len(examples))
     greedy = sampler(1, 0.0)
@@ -125,11 +127,11 @@ def launch(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Exam
 
 def evaluate_greedy(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Example], max_tokens: int,
                     sample_retries: int = 2, chat_template_kwargs: Mapping[str, Any] | None = None, *,
-                    shaping: RewardShaping | None = None) -> EvalResult:
+                    shaping: RewardShaping | None = None, meter: TokenMeter | None = None) -> EvalResult:
     """Temperature-0 answers to every example, all requests in flight at once, each graded once (by the
     sampler, as it is in training: the prediction reuses that grade)."""
     return launch(client, task, tokenizer, examples, max_tokens, sample_retries, chat_template_kwargs,
-                  shaping=shaping).result()
+                  shaping=shaping, meter=meter).result()
 
 
 def _predictions(sampler: GroupSampler, batch: GenerationBatch, examples: Sequence[Example]) -> list[Prediction]:

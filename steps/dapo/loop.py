@@ -31,6 +31,7 @@ from steps.dapo.sampling import GenerationBatch, GroupSampler, StepBatch, collec
 from steps.dapo.schedule import Filled, PendingCheckpoint, Policy, Schedule, Update
 from steps.dapo.state import Cursor, LoopState
 from steps.dapo.task import Task
+from steps.platform.billing import TokenMeter
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Trainer:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # session.chat_template_kwargs
     policy: Policy | None = None  # how much overlaps; None: the config's (steps/dapo/schedule.py)
     on_batch: Callable[[int, StepBatch], None] | None = None  # sees each step's batch once sampled (make bench)
+    meter: TokenMeter = field(default_factory=TokenMeter)  # the billable tokens sent and received so far
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -90,7 +92,7 @@ class Trainer:
             task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
             shaping=RewardShaping(cfg.max_tokens, cfg.overlong_buffer, cfg.overlong_penalty, cfg.reward_format),
-            sample_retries=cfg.sample_retries, chat_template_kwargs=self.chat_template_kwargs,
+            sample_retries=cfg.sample_retries, chat_template_kwargs=self.chat_template_kwargs, meter=self.meter,
         )
 
     def run(self, state: LoopState) -> Outcome:
@@ -139,13 +141,14 @@ class Trainer:
         carry, dropped = schedule.carried(batch.carry, update + 1)
         after = replace(filled.state, step=update, carry=carry)
         fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler))
+        self.meter.trained(datums)  # forward_backward completed: its datums' tokens are billed
         new_sampler = self._sampler(update, weights)
         trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
         # The sampler-trainer mismatch, on the samples the weights this update starts from drew.
         health["sampler_kl"] = sampler_kl(samples, drawn_by(batch.kept, state.step), fb_out.loss_fn_outputs)
         with schedule.untimed():
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
-                                                         dropped), **health})
+                                                         dropped), **health, **self.meter.figures()})
         # save: written once its save_state is done, behind the next step's sampling
         if save:
             schedule.checkpoint(submitted, trained)
@@ -221,7 +224,8 @@ class Trainer:
         result = evaluate_greedy(sampling_client, self.task, self.tokenizer,
                                  self.eval_examples[: cfg.eval_size or None],  # eval_size 0: all of them
                                  cfg.max_tokens, cfg.sample_retries, self.chat_template_kwargs,
-                                 shaping=self.sampler.shaping)  # rollouts show the reward training pays
+                                 shaping=self.sampler.shaping,  # rollouts show the reward training pays
+                                 meter=self.meter)
         self.metrics.eval({"step": step, "accuracy": result.accuracy, "accuracy_lenient": result.accuracy_lenient,
                            "format_error_rate": result.format_error_rate,
                            "n": result.n, "failed": result.failed})

@@ -17,6 +17,7 @@ from steps.dapo import rollouts as rollout_records
 from steps.dapo.batch import TrainSample
 from steps.dapo.sampling import Group, StepBatch
 from steps.platform import files
+from steps.platform.billing import line as billing_line
 
 # Fields of each log line, in order. The pipeline's metric regexes match them: only ever append.
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
@@ -29,6 +30,10 @@ TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds", 
                 "entropy", "sampler_kl", "completion_tokens_p50", "completion_tokens_p95", "completion_tokens_max",
                 "repetition_frac", "format_error_rate")
 EVAL_FIELDS = ("step", "accuracy")
+# Appended to the train line after TRAIN_FIELDS: the billable tokens the run has sent and received so far (the
+# client count, steps/platform/billing.py; sampling ahead, the next step's sampling is in it), and with
+# session.prices their cost.
+TOKEN_FIELDS = ("prefill_tokens", "sample_tokens", "train_tokens", "cost_usd")
 
 
 def sampling_figures(step: int, batch: StepBatch) -> dict[str, Any]:
@@ -71,7 +76,8 @@ def train_figures(batch: StepBatch, samples: Sequence[TrainSample], fb_metrics: 
 
 
 #: Decimals of the float figures that are not fractions (those get 4); SIGNIFICANT ones get 6 significant digits.
-DECIMALS = {"seconds": 2, "completion_tokens_mean": 1, "completion_tokens_p50": 1, "completion_tokens_p95": 1}
+DECIMALS = {"seconds": 2, "completion_tokens_mean": 1, "completion_tokens_p50": 1, "completion_tokens_p95": 1,
+            "cost_usd": 6}
 SIGNIFICANT = {"loss", "sampler_kl"}  # the KL of a healthy run is ~1e-6: 4 decimals would print 0
 
 
@@ -113,7 +119,7 @@ class MetricsLog:
                           "so more were started at once)")
 
     def step(self, record: dict[str, Any]) -> None:
-        self.print_fn(line("train", record, TRAIN_FIELDS))
+        self.print_fn(line("train", record, TRAIN_FIELDS + tuple(k for k in TOKEN_FIELDS if k in record)))
         self._write("step", record)
 
     def eval(self, record: dict[str, Any]) -> None:
@@ -122,6 +128,14 @@ class MetricsLog:
 
     def stopped(self, record: dict[str, Any]) -> None:
         self._write("stopped", record)
+
+    def billing(self, step: int, block: dict[str, Any]) -> None:
+        """The session's billed tokens once it stopped (steps/platform/billing.py's block): its ``billing:`` line,
+        and a ``billing`` record (trackers: ``billing/prefill_tokens`` ...; ``client_*``: the client count)."""
+        self.print_fn(billing_line(block))
+        client = {f"client_{k}": v for k, v in block["client_count"].items()}
+        self._write("billing", {"step": step, **{k: block[k] for k in TOKEN_FIELDS if k in block}, **client,
+                                "source": block["source"]})
 
     def rollouts(self, records: Sequence[dict[str, Any]], step: int) -> None:
         """An evaluation's rollouts (steps/dapo/rollouts.py): rollouts.jsonl beside metrics.jsonl, and a table

@@ -31,6 +31,7 @@ from sagemaker.train.training_session import SamplingParams
 from steps.dapo.chat import completion_text, opens_reasoning
 from steps.dapo.reward import RewardShaping, reward
 from steps.dapo.task import Grade, Task
+from steps.platform.billing import TokenMeter
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class GroupSampler:
     shaping: RewardShaping
     sample_retries: int = 2
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # session.chat_template_kwargs
+    meter: TokenMeter | None = None  # counts each completed request's billable tokens (steps/platform/billing.py)
 
     def __post_init__(self) -> None:
         self._prompts: dict[int, tuple[int, ...]] = {}
@@ -156,6 +158,8 @@ class GroupSampler:
                     return None
                 fut = self._submit(batch.client, index, batch.seed, k)
                 continue
+            if self.meter is not None:  # the prompt as sent, once per request; the tokens as received
+                self.meter.sampled(len(self.prompt(index)), [seq.tokens for seq in response.sequences])
             return self._group(index, response, batch.sampler_step)
         return None
 
