@@ -206,5 +206,7 @@ def test_the_toy_driven_sick_is_stopped_by_its_guard(guard, tmp_path, toy_data, 
     assert ckpt.stopped_early and ckpt.guard == guard and ckpt.state_model_package_arn
     assert f"done: steps={stopped_at - 1} stopped_early=true" in "\n".join(out)
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["kind"] == "stopped" and records[-1]["guard"] == guard
+    # The stop is the last step record (the session's billing record follows it, once the session is stopped).
+    assert [r["kind"] for r in records if r["kind"] != "billing"][-1] == "stopped"
+    assert [r["guard"] for r in records if r["kind"] == "stopped"] == [guard]
     assert not [s for s in local_service.sessions() if s["status"] not in ("Stopped", "Failed")]
