@@ -16,6 +16,15 @@ second hand-wired copy:
 - Condition: evaluate the conditions (Parameters, step properties, JsonGet on
   property files) and run the chosen branch.
 - Fail: stop the execution with the resolved error message.
+- Each step's whole output (stdout and stderr, SDK logging included) goes to
+  ``<log_dir>/<step>.log``; ``on_line`` sees every line as it comes (the local run
+  shows the step's own prefixed lines). A failed step's reason is its one
+  ``error:`` line (steps/cli.py), not whatever an exiting interpreter printed after it.
+- Resume: the steps ``previous`` records as Succeeded (a Processing or Training step of an
+  earlier execution with this id and work dir) are not run again; their outputs are
+  uploaded again from the work dir, as S3 held them, and later steps read their
+  recorded properties. A training job run again first finds its checkpoint dir in S3,
+  as SageMaker's checkpoint sync would have left it.
 
 Container paths (/opt/ml/...) are mapped under a per-step work directory.
 S3 is whatever the boto3 client points at (moto locally).
@@ -23,6 +32,7 @@ S3 is whatever the boto3 client points at (moto locally).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -75,6 +85,8 @@ class LocalExecution:
     on_line: Callable[[str, str], None] = lambda step, line: None  # streamed step output
     on_status: Callable[[StepRecord], None] = lambda rec: None
     records: dict[str, StepRecord] = field(default_factory=dict)
+    log_dir: Path | None = None  # each step's whole output, <step>.log
+    previous: dict[str, StepRecord] = field(default_factory=dict)  # resume: the interrupted execution's records
 
     def __post_init__(self) -> None:
         try:
@@ -133,6 +145,10 @@ class LocalExecution:
         return order
 
     def _run_step(self, step: dict[str, Any]) -> None:
+        done = self.previous.get(step["Name"])
+        if done is not None and done.status == "Succeeded" and step["Type"] in ("Processing", "Training"):
+            self._restore(step, done)
+            return
         rec = StepRecord(step["Name"], step["Type"])
         self.records[rec.name] = rec
         self.on_status(rec)
@@ -161,29 +177,57 @@ class LocalExecution:
         return [str(self._container_path(rec, a)) if str(a).startswith("/opt/ml/") else str(a) for a in args]
 
     def _exec(self, rec: StepRecord, cmd: list[str], env: dict[str, str]) -> None:
+        log_path = self.log_dir / f"{rec.name}.log" if self.log_dir else Path(os.devnull)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**self.env, **env}, cwd=str(Path(__file__).resolve().parents[1]))
         tail: list[str] = []
+        error: list[str] = []  # the step's `error:` line and the lines continuing it (indented, "- " items)
+        ended = False  # a line after the error message that does not continue it
         assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                tail = (tail + [line])[-15:]
-                self.on_line(rec.name, line)
-            code = proc.wait()
-        finally:
-            if proc.poll() is None:  # interrupted: stop the step (SIGTERM lets it stop its session)
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        with open(log_path, "a", encoding="utf-8") as log:
+            shown = " ".join(cmd).replace("\n", "\\n")
+            log.write(f"== {rec.name} of {self.execution_id}: {shown}\n")
+            try:
+                for line in proc.stdout:
+                    log.write(line)
+                    log.flush()
+                    line = line.rstrip("\n")
+                    tail = (tail + [line])[-5:]
+                    if not error and line.startswith("error:"):
+                        error = [line]
+                    elif error and not ended and (not line.strip() or line.startswith((" ", "\t", "- "))):
+                        error.append(line)
+                    elif error:
+                        ended = True
+                    self.on_line(rec.name, line)
+                code = proc.wait()
+            finally:
+                if proc.poll() is None:  # interrupted: stop the step (SIGTERM lets it stop its session)
+                    proc.terminate()
+                    try:  # what it says on its way out goes to its log (and reading keeps its pipe from filling)
+                        log.write(proc.communicate(timeout=30)[0])
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                log.write(f"== exit code {proc.returncode}\n")
         if code != 0:
-            # The step's `error:` message and the lines it continues on; else the last lines it printed.
-            first = next((i for i, line in enumerate(tail) if line.startswith("error:")), max(0, len(tail) - 5))
-            message = " | ".join(line.strip() for line in tail[first:] if line.strip())
+            # The step's own `error:` message (steps/cli.py prints one), not what its interpreter printed on
+            # the way out; else the last lines it printed.
+            message = " | ".join(line.strip() for line in error or tail if line.strip())
             raise PipelineFailed(rec.name, f"exit code {code}: {message}")
+
+    def _restore(self, step: dict[str, Any], done: StepRecord) -> None:
+        """A step an earlier execution completed: its outputs back in S3 from the work dir, its record kept."""
+        rec = StepRecord(done.name, done.type, "Executing", done.message, done.properties)
+        self.records[rec.name] = rec
+        if rec.type == "Processing":
+            for out in rec.properties.get("ProcessingOutputConfig", {}).get("Outputs", []):
+                self._upload(self._container_path(rec, out["S3Output"]["LocalPath"]), out["S3Output"]["S3Uri"])
+        else:
+            self._upload_training_outputs(rec, rec.properties, checkpoint=True)
+        rec.status, rec.message = "Succeeded", "kept from the interrupted run (its outputs restored to S3)"
+        self.on_status(rec)
 
     def _processing(self, step: dict[str, Any], rec: StepRecord) -> None:
         args = self.resolve(step["Arguments"])
@@ -222,6 +266,8 @@ class LocalExecution:
         ckpt_dir = (self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")) if ckpt
                     else root / "checkpoints")
         if ckpt:
+            if rec.name in self.previous:  # resumed: S3 held what the last sync uploaded, which is this dir
+                self._upload(ckpt_dir, ckpt["S3Uri"])
             self._download(ckpt["S3Uri"], ckpt_dir)
         cmd = IMAGE_COMMANDS["train"] + ["--hyperparameters", str(hp), "--checkpoint-dir", str(ckpt_dir)]
         jobs = LocalJobs(self.workdir / "jobs")
@@ -233,9 +279,16 @@ class LocalExecution:
             if ckpt:  # SageMaker syncs checkpoints whether or not the job succeeded
                 self._upload(ckpt_dir, ckpt["S3Uri"])
         model_uri = f"{args['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{job}/output/model.tar.gz"
-        self._upload_tar(root / "model", model_uri)
-        self._upload(root / "output/data", f"{args['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{job}/output/data")
         rec.properties = {**args, "TrainingJobName": job, "ModelArtifacts": {"S3ModelArtifacts": model_uri}}
+        self._upload_training_outputs(rec, rec.properties, checkpoint=False)  # synced above
+
+    def _upload_training_outputs(self, rec: StepRecord, properties: dict[str, Any], checkpoint: bool) -> None:
+        root, output = self._container_path(rec, "/opt/ml"), properties["OutputDataConfig"]["S3OutputPath"].rstrip("/")
+        self._upload_tar(root / "model", properties["ModelArtifacts"]["S3ModelArtifacts"])
+        self._upload(root / "output/data", f"{output}/{properties['TrainingJobName']}/output/data")
+        ckpt = properties.get("CheckpointConfig")
+        if ckpt and checkpoint:
+            self._upload(self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")), ckpt["S3Uri"])
 
     def _condition(self, step: dict[str, Any], rec: StepRecord) -> list[dict[str, Any]]:
         args = step["Arguments"]

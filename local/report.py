@@ -6,9 +6,10 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from steps.dapo import curves, rollouts
+from steps.platform import tracking
 
 # file name in the step work dirs -> (step, name in runs/<id>/)
 ARTIFACTS = {
@@ -29,16 +30,21 @@ def mlflow_store(runs_dir: Path, experiment: str) -> str:
 
     The experiment is created here, as a tracking server is provisioned before a pipeline logs to it:
     its artifact location beside the database (MLflow would otherwise use ./mlruns of the step's directory).
+    Under a lock: two local runs starting at once would both create the database's tables, or the experiment.
     """
+    import fcntl
+
     from mlflow.tracking import MlflowClient
 
     for name in ("mlflow", "alembic"):  # their INFO lines on creating the database
         logging.getLogger(name).setLevel(logging.WARNING)
     runs_dir.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{(runs_dir / MLFLOW_DB).resolve()}"
-    client = MlflowClient(tracking_uri=uri)
-    if client.get_experiment_by_name(experiment) is None:
-        client.create_experiment(experiment, artifact_location=(runs_dir / "mlartifacts").resolve().as_uri())
+    with open(runs_dir / f"{MLFLOW_DB}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(experiment) is None:
+            client.create_experiment(experiment, artifact_location=(runs_dir / "mlartifacts").resolve().as_uri())
     return uri
 
 
@@ -48,7 +54,16 @@ def _outputs(workdir: Path, step: str, name: str) -> list[Path]:
     return sorted(p for p in (workdir / step).rglob(name) if "input" not in p.parts)
 
 
-def collect(workdir: Path, run_dir: Path) -> None:
+def title(run_id: str, params: dict[str, str]) -> str:
+    """What identifies a run in its pictures and records: its id and the parameters it overrode."""
+    return f"local run {run_id}: {overrides(params)}"
+
+
+def overrides(params: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "default parameters"
+
+
+def collect(workdir: Path, run_dir: Path, title: str = "DAPO on the local toy task") -> None:
     for name, step in ARTIFACTS.items():
         found = _outputs(workdir, step, name)
         if found:
@@ -60,7 +75,7 @@ def collect(workdir: Path, run_dir: Path) -> None:
         (run_dir / rollouts.FILE).write_text("".join(p.read_text() for p in shown))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        plot_curves(metrics, run_dir / "curves.png")
+        plot_curves(metrics, run_dir / "curves.png", title)
         run = _model(run_dir).get("mlflow")
         if run:  # the curves join the evaluation's artifacts in the training run
             from mlflow.tracking import MlflowClient
@@ -101,11 +116,49 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
-def plot_curves(metrics: Path, out: Path) -> None:
+def plot_curves(metrics: Path, out: Path, title: str) -> None:
     """The run's curves, with the base model's greedy accuracy at step 0 when it was evaluated."""
     base = metrics.parent / "evaluation_base.json"
     figures = (_accuracy(base), _accuracy(base, "accuracy_lenient")) if base.exists() else None
-    curves.plot_curves(_records(metrics), out, title="DAPO on the local toy task", base=figures)
+    curves.plot_curves(_records(metrics), out, title=title, base=figures)
+
+
+# -- the run's MLflow run (TrainDAPO creates it; the local run names, tags and ends it) ----------
+def mlflow_run(workdir: Path) -> dict[str, str] | None:
+    """Where the run's MLflow run is: TrainDAPO keeps it in its checkpoint dir as soon as it starts tracking
+    (model.json carries it only once training succeeded)."""
+    found = _outputs(workdir, "TrainDAPO", tracking.RUN_FILE)
+    return json.loads(found[0].read_text()) if found else None
+
+
+def reopen_mlflow_run(workdir: Path) -> None:
+    """A resumed run's MLflow run is running again (the interrupted run ended it KILLED or FAILED)."""
+    ref = mlflow_run(workdir)
+    if ref:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=ref["tracking_uri"]).update_run(ref["run_id"], status="RUNNING")
+
+
+def finish_mlflow_run(workdir: Path, run_id: str, params: dict[str, str], status: str | None,
+                      outcome: str) -> str | None:
+    """Name and tag the MLflow run after the local run and the parameters it overrode, end it with ``status``
+    (FAILED, KILLED; None leaves what the steps set: FINISHED) and return its status; None: no run was tracked
+    (the run ended before TrainDAPO began)."""
+    ref = mlflow_run(workdir)
+    if ref is None:
+        return None
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=ref["tracking_uri"])
+    client.update_run(ref["run_id"], name=f"{run_id} {overrides(params)}")
+    tags = {"local_run.id": run_id, "local_run.parameters": overrides(params), "local_run.outcome": outcome[:4000],
+            **{f"parameter.{k}": v for k, v in params.items()}}
+    client.log_batch(ref["run_id"], tags=[RunTag(k, v) for k, v in tags.items()])
+    if status:
+        client.set_terminated(ref["run_id"], status=status)
+    return client.get_run(ref["run_id"]).info.status
 
 
 def _accuracy(path: Path, name: str = "accuracy") -> float | None:
@@ -114,9 +167,12 @@ def _accuracy(path: Path, name: str = "accuracy") -> float | None:
     return float(json.loads(path.read_text())["metrics"][name]["value"])
 
 
-def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict],
-              package: dict[str, Any] | None = None) -> str:
-    lines = [f"== local run {run_dir.name} ({seconds:.0f}s) =="]
+def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict] | None,
+              package: dict[str, Any] | None = None, *, parameters: dict[str, str] | None = None,
+              notes: Sequence[str] = (), mlflow_status: str | None = None, interrupted: bool = False) -> str:
+    """The run in a screenful, also written to summary.txt. ``sessions`` None: the service could not say."""
+    lines = [f"== local run {run_dir.name} ({seconds:.0f}s) ==",
+             f"  parameters: {overrides(parameters or {})}"]
     for rec in records.values():
         lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}")
     val = run_dir / "validation.json"
@@ -137,26 +193,44 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
                      f"{model.get('stop_reason')}")
     lines += evaluation_lines(run_dir)
     lines += billing_lines(run_dir)
-    outcome = "succeeded, model approved" if failure is None else f"FAILED at {failure.step}: {failure.message}"
+    resume = f"; continue it with: python -m local.run --resume {run_dir.name}"
+    outcome = ("INTERRUPTED" + resume if interrupted else "succeeded, model approved" if failure is None
+               else f"FAILED at {failure.step}: {failure.message}"
+               + (resume if _resumable(records.get(failure.step), failure.message) else ""))
     lines.append(f"  outcome: {outcome}")
+    lines += [f"  note: {note}" for note in notes]
     if package:
         metadata = " ".join(f"{k}={v}" for k, v in sorted((package.get("CustomerMetadataProperties") or {}).items()))
         lines.append(f"  model package: {package['ModelApprovalStatus']} {package['ModelPackageArn']}")
         lines.append(f"    metadata: {metadata or '(none)'}")
-    run = model.get("mlflow")
+    run = model.get("mlflow") or mlflow_run(run_dir / "work")
     if run:
         store = run["tracking_uri"]
-        lines.append(f"  mlflow: run {run['run_id']} in experiment '{run['experiment']}'; "
+        status = f" ({mlflow_status})" if mlflow_status else ""
+        lines.append(f"  mlflow: run {run['run_id']}{status} in experiment '{run['experiment']}'; "
                      f"see it with: mlflow ui --backend-store-uri {store}")
     lines += rollout_lines(run_dir, run)
-    running = [s for s in sessions if s.get("status") not in ("Stopped", "Failed")]
-    lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
-    if sessions:  # the pipeline's jobs name theirs after themselves; the base model's evaluation runs outside it
-        lines.append("    " + ", ".join(f"{s['name']} {s['status']}" for s in sessions))
-    lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(p.name for p in run_dir.iterdir() if p.is_file()))})")
+    if sessions is None:
+        lines.append("  training sessions: unknown (the training-session service could not say)")
+    else:
+        running = [s for s in sessions if s.get("status") not in ("Stopped", "Failed")]
+        lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
+        if sessions:  # the pipeline's jobs name theirs after themselves
+            lines.append("    " + ", ".join(f"{s['name']} {s['status']}" for s in sessions))
+    names = {p.name for p in run_dir.iterdir() if p.is_file()} | {"summary.txt"}  # written below
+    lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(names))})")
+    if (run_dir / "logs").is_dir():
+        lines.append(f"  logs: {run_dir / 'logs'}/ (each step's whole output: "
+                     f"{', '.join(sorted(p.name for p in (run_dir / 'logs').iterdir()))}), "
+                     "training-session-service.log, local-run.log")
     text = "\n".join(lines)
     (run_dir / "summary.txt").write_text(text + "\n")
     return text
+
+
+def _resumable(record: Any, message: str) -> bool:
+    """A job step that failed, other than refusing its input (exit code 2: it would refuse it again)."""
+    return getattr(record, "type", "") in ("Training", "Processing") and not message.startswith("exit code 2:")
 
 
 def _with_interval(metric: dict[str, Any]) -> str:

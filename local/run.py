@@ -6,66 +6,246 @@ builds build/pipeline.json exactly as `make pipeline-definition` does, runs
 that definition with the local interpreter (EvaluateModel grades the base model
 and the trained adapter on the same questions), and leaves runs/<run-id>/ with
 the reports (evaluation_base.json: the base model's half of evaluation.json),
-the rollouts, curves.png and a summary. Every process it started is stopped,
-also on Ctrl-C.
+the rollouts, curves.png, every step's whole log (logs/), the service's log and
+a summary. Every process it started is stopped, also on Ctrl-C; the summary is
+printed however the run ends.
+
+Parameters are checked against the one parameter table (steps/config/parameters.py)
+before anything is created. ``--resume RUN_ID`` continues an interrupted or failed run
+(see :func:`resume_plan`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import secrets
+import shutil
 import sys
+import textwrap
 import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from local import report
-from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
-from local.stack import ROOT, LocalStack
-from local.toy_data import write_split
-from pipeline import budget
-from pipeline.config import load
-from pipeline.start import check_params
+from local.stack import ROOT
 from steps.cli import Refused, parse_pairs
-from steps.platform import tracking
-from steps.platform.versions import require_training_session_sdk
+from steps.config import RunConfig, config_from_dict, load_yaml
+from steps.config.parameters import PARAMETERS
+from steps.platform import files
+
+DEFAULT_CONFIG = str(ROOT / "config" / "local.yaml")
+DEFAULTS = {"train_rows": 2000, "eval_rows": 200, "seed": 0}
+#: Set by the local run itself: the data it generates and uploads.
+DATA_PARAMETERS = ("TrainDataS3Uri", "EvalDataS3Uri")
+RUN_FILE = "run.json"  # what a resume needs: the run's parameters and data
+STEPS_FILE = "steps.json"  # each step's record (status, properties), written as it changes
+
+
+# -- the command line ---------------------------------------------------------------
+def parameter_help(config: str) -> str:
+    """The pipeline parameters with their meaning and default (``config``'s values), from the one table."""
+    try:
+        run: RunConfig | None = config_from_dict(load_yaml(config), source=config)
+    except Refused:
+        run = None
+    width = max(len(p.name) for p in PARAMETERS)
+    lines = [f"pipeline parameters (--param NAME=VALUE; defaults from {Path(config).name}):"]
+    for p in PARAMETERS:
+        default = ("the run's generated toy data" if p.name in DATA_PARAMETERS else
+                   "see the config" if run is None else p.default(run))
+        lines += textwrap.wrap(f"{p.name:<{width}}  {p.meaning} ({p.kind}, default {default})", width=100,
+                               initial_indent="  ", subsequent_indent=" " * (width + 4), break_long_words=False,
+                               break_on_hyphens=False)
+    lines += ["", "examples: python -m local.run --param MaxSteps=10 --param BatchSize=8",
+              "          python -m local.run --resume 20261204-184207-a3f2   (continue an interrupted run)"]
+    return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m local.run", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=str(ROOT / "config" / "local.yaml"))
-    p.add_argument("--train-rows", type=int, default=2000)
-    p.add_argument("--eval-rows", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter override")
-    p.add_argument("--runs-dir", default=str(ROOT / "runs"))
-    p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"))
-    p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
-    return p.parse_args(argv)
+    # The help lists the parameters' defaults of the --config given (read before the full parse).
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--config", default=DEFAULT_CONFIG)
+    return parser(early.parse_known_args(argv)[0].config).parse_args(argv)
+
+
+def parser(config: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m local.run", description=__doc__.split("\n")[0],
+                                epilog=parameter_help(config), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a pipeline parameter (repeatable; the parameters are listed below)")
+    p.add_argument("--config", default=None,
+                   help="the run's config: the parameters' defaults and everything else (default config/local.yaml)")
+    p.add_argument("--train-rows", type=int, default=None,
+                   help=f"rows of the generated toy train split (default {DEFAULTS['train_rows']})")
+    p.add_argument("--eval-rows", type=int, default=None,
+                   help=f"rows of the generated toy held-out split (default {DEFAULTS['eval_rows']})")
+    p.add_argument("--seed", type=int, default=None, help=f"seed of the toy data (default {DEFAULTS['seed']})")
+    p.add_argument("--runs-dir", default=str(ROOT / "runs"),
+                   help="where runs/<run-id>/ and the MLflow store (mlflow.db) go (default: runs/)")
+    p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"),
+                   help="where the pipeline definition is written, as `make pipeline-definition` does "
+                        "(default: build/pipeline.json; runs/<run-id>/pipeline.json keeps the run's copy)")
+    p.add_argument("--quiet", action="store_true", help="print step status and errors only, no progress lines")
+    p.add_argument("--resume", metavar="RUN_ID",
+                   help="continue the interrupted or failed run runs/RUN_ID/ with its parameters and data: the steps "
+                        "it completed are kept, the rest run, TrainDAPO from its last checkpoint")
+    return p
+
+
+# -- the plan: everything checked before anything is created -------------------------
+@dataclass(frozen=True)
+class Plan:
+    """What a run runs with; kept as runs/<id>/run.json so that a resume runs with the same."""
+
+    config: str
+    params: dict[str, str]  # the user's overrides, as given
+    train_rows: int
+    eval_rows: int
+    seed: int
+    run_id: str | None = None  # set for a resume
+    previous: dict[str, Any] = field(default_factory=dict)  # a resume: the interrupted run's step records
+
+    def overrides(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def check_params(params: dict[str, str], config: str) -> RunConfig:
+    """Names and types from the one parameter table, ranges from the config models; the config with the
+    overrides in place. The local run sets the data prefixes itself."""
+    from pipeline.start import check_params as check
+
+    for name in DATA_PARAMETERS:
+        if name in params:
+            raise Refused(f"--param {name}: the local run uploads its own toy data and sets {name} itself; "
+                          "use --train-rows, --eval-rows and --seed to shape it")
+    return check(params, {p.name: p.kind for p in PARAMETERS}, config)
+
+
+def fresh_plan(args: argparse.Namespace) -> Plan:
+    from local.toy_data import MAX_ROWS
+
+    plan = Plan(config=args.config or DEFAULT_CONFIG, params=parse_pairs(args.param, "--param", "BatchSize=64"),
+                **{k: v if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS.items()})
+    if plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
+        raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
+                      f"together at most {MAX_ROWS} (the toy task's distinct questions)")
+    check_params(plan.params, plan.config)
+    return plan
+
+
+def resume_plan(args: argparse.Namespace) -> Plan:
+    """A resume runs the same definition with the same parameters and data, in the same run dir, with the same
+    run id (so the same execution id, job and session names, and MLflow run). moto's state and the service's
+    sessions ended with their processes; what runs/<id>/ kept is enough to go on: the toy data is uploaded
+    again, the definition is the run's copy, the steps that succeeded are not run again (their outputs are
+    uploaded again from the work dir), and TrainDAPO, run again, resumes from the checkpoint it synced (its
+    checkpoint dir under work/, put back in S3; the model packages it names are in service-state/)."""
+    given = [f"--{k.replace('_', '-')}" for k in ("config", *DEFAULTS) if getattr(args, k) is not None]
+    if args.param or given:
+        raise Refused(f"--resume {args.resume} runs with the parameters and data the run started with; "
+                      f"drop {' '.join(given + ['--param'] * bool(args.param))}")
+    run_dir = Path(args.runs_dir) / args.resume
+    if not (run_dir / RUN_FILE).is_file():
+        runs = sorted(p.parent.name for p in Path(args.runs_dir).glob(f"*/{RUN_FILE}"))
+        raise Refused(f"--resume {args.resume}: {run_dir / RUN_FILE} does not exist; the runs there: "
+                      f"{', '.join(runs) or 'none'}")
+    kept = json.loads((run_dir / RUN_FILE).read_text())
+    if kept.get("outcome") == "succeeded":
+        raise Refused(f"--resume {args.resume}: that run succeeded; there is nothing left to run")
+    steps = run_dir / STEPS_FILE
+    previous = json.loads(steps.read_text()) if steps.exists() else {}
+    plan = Plan(kept["config"], kept["params"], kept["train_rows"], kept["eval_rows"], kept["seed"],
+                run_id=args.resume, previous=previous)
+    check_params(plan.params, plan.config)
+    return plan
+
+
+def create_run_dir(runs_dir: Path, clock: Callable[[], float] = time.time,
+                   suffix: Callable[[], str] = lambda: secrets.token_hex(2)) -> Path:
+    """runs/<date>-<time>-<4 hex digits>/, created here and by no one else: the directory is the claim, so two
+    runs started in the same second (or drawing the same digits) never share it, nor what is named after it
+    (the execution id, job and session names, the MLflow run)."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
+    while True:
+        run_dir = runs_dir / f"{stamp}-{suffix()}"
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
+
+
+# -- what the console shows ------------------------------------------------------------
+def announcements(values: dict[str, Any]) -> dict[str, str]:
+    """What each step does with this run's values, said when it starts."""
+    size = values.get("EvalSize")
+    questions = "every held-out question" if not size else f"the first {size} held-out questions"
+    return {
+        "ValidateData": "checks the train and held-out JSONL",
+        "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
+                      f"{values.get('GroupSize')} completions"),
+        "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",
+        "CheckAccuracy": f"accuracy >= {values.get('AccuracyThreshold')} and improvement >= "
+                         f"{values.get('MinImprovement')}?",
+        "ApproveModel": "writes the evaluation onto the model package and approves it",
+        "RecordRejection": "writes the evaluation and the failed conditions onto the model package, Rejected",
+    }
+
+
+#: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log).
+SHOWN = ("train:", "eval:", "done:", "approve:", "warning:", "stopped:")
 
 
 class Progress:
-    """Step status lines, and one compact line per training step."""
+    """Step status lines, and the steps' own prefixed lines."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, log_dir: Path) -> None:
         self.quiet = quiet
+        self.log_dir = log_dir
         self.started: dict[str, float] = {}
+        self.about: dict[str, str] = {}
 
-    def status(self, rec: StepRecord) -> None:
+    def status(self, rec: Any) -> None:
         if rec.status == "Executing":
             self.started[rec.name] = time.monotonic()
-            print(f"[{rec.name}] started ({rec.type})", flush=True)
+            about = f": {self.about[rec.name]}" if rec.name in self.about else ""
+            print(f"[{rec.name}] started ({rec.type}){about}", flush=True)
             return
-        secs = time.monotonic() - self.started.get(rec.name, time.monotonic())
+        took = f" in {time.monotonic() - self.started[rec.name]:.1f}s" if rec.name in self.started else ""
         extra = f": {rec.message}" if rec.message else ""
-        print(f"[{rec.name}] {rec.status} in {secs:.1f}s{extra}", flush=True)
+        log = self.log_dir / f"{rec.name}.log"
+        if rec.status == "Failed" and log.exists():
+            extra += f" (whole log: {log})"
+        print(f"[{rec.name}] {rec.status}{took}{extra}", flush=True)
 
     def line(self, step: str, line: str) -> None:
-        if line.startswith("error:") or line.startswith("stopped:"):
-            print(f"[{step}] {line}", flush=True)
-        elif not self.quiet and line.startswith(("train:", "eval:", "done:", "approve:")):
+        if line.startswith(("error:", "stopped:")) or (not self.quiet and line.startswith(SHOWN)):
             print(f"[{step}] {line}", flush=True)
 
 
+@contextmanager
+def run_log(path: Path) -> Iterator[None]:
+    """This process's own logging (boto, MLflow, warnings) to runs/<id>/local-run.log, not the console."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+# -- the run ------------------------------------------------------------------------
 def build_definition(config: str, out: str) -> dict[str, Any]:
     from pipeline.definition import write_definition
 
@@ -74,57 +254,155 @@ def build_definition(config: str, out: str) -> dict[str, Any]:
 
 
 def upload_dataset(s3: Any, bucket: str, run_dir: Path, rows: tuple[int, int], seed: int) -> dict[str, str]:
-    train, evaluation = write_split(run_dir / "data", rows[0], rows[1], seed)
+    """The toy data, generated into runs/<id>/data/ (a resume uploads what is there), uploaded to moto S3."""
+    from local.toy_data import write_split
+
+    data = run_dir / "data"
+    paths = ((data / "train.jsonl", data / "eval.jsonl") if (data / "eval.jsonl").exists()
+             else write_split(data, rows[0], rows[1], seed))
     s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
     uris = {}
-    for name, path in (("train", train), ("eval", evaluation)):
-        key = f"data/{name}/{Path(path).name}"
-        s3.upload_file(str(path), bucket, key)
+    for name, path in zip(("train", "eval"), paths):
+        s3.upload_file(str(path), bucket, f"data/{name}/{Path(path).name}")
         uris[name] = f"s3://{bucket}/data/{name}/"
     return uris
 
 
+@dataclass
+class Ended:
+    """How the execution ended, and what could not be read after it."""
+
+    failure: Any = None  # PipelineFailed
+    interrupted: bool = False
+    records: dict[str, Any] = field(default_factory=dict)
+    sessions: list[dict[str, Any]] | None = None
+    package: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        return "interrupted" if self.interrupted else "failed" if self.failure else "succeeded"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from steps.platform.versions import require_training_session_sdk
+
     require_training_session_sdk()
     args = parse_args(argv)
-    params = parse_pairs(args.param, "--param", example="BatchSize=64")
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.runs_dir) / run_id
-    workdir = run_dir / "work"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    progress = Progress(args.quiet)
-    t0 = time.monotonic()
-    definition = build_definition(args.config, args.definition_out)
-    steps = len(definition["Steps"])
-    print(f"local-run {run_id}: definition {args.definition_out} ({steps} top-level steps)", flush=True)
-    declared = {p["Name"]: p["Type"] for p in definition["Parameters"]}
-    execution_config = check_params(params, declared, args.config)
+    plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
+    run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
+    with run_log(run_dir / "local-run.log"):
+        return run(plan, run_dir, args)
+
+
+def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
+    from local import report
+    from pipeline import budget
+    from pipeline.config import load
+    from steps.platform import tracking
+
+    run_id, t0 = run_dir.name, time.monotonic()
+    if plan.run_id:
+        definition = json.loads((run_dir / "pipeline.json").read_text())
+        done = [name for name, rec in plan.previous.items() if rec["status"] == "Succeeded"]
+        print(f"local-run {run_id}: resuming ({', '.join(done) or 'no step'} completed before; "
+              f"parameters: {plan.overrides() or 'the defaults'})", flush=True)
+    else:
+        definition = build_definition(plan.config, args.definition_out)
+        files.write_json(run_dir / "pipeline.json", definition, indent=1)
+        print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)",
+              flush=True)
+    files.write_json(run_dir / RUN_FILE, {**asdict(plan), "run_id": run_id, "previous": None, "outcome": "running"})
+    cfg = load(plan.config)[0]
+    execution_config = check_params(plan.params, plan.config)
     print(budget.describe(execution_config.dapo, prices=execution_config.session.prices), flush=True)
-    failure: PipelineFailed | None = None
-    cfg = load(args.config)[0]
-    experiment = cfg.experiment_name
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
-    tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), experiment),
-                    tracking.ENV_EXPERIMENT: experiment}
-    with LocalStack(log_path=run_dir / "training-session-service.log") as stack:
-        print(f"local-run {run_id}: moto {stack.moto_url}, training-session service {stack.service_url}", flush=True)
+    tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), cfg.experiment_name),
+                    tracking.ENV_EXPERIMENT: cfg.experiment_name}
+    ended = Ended()
+    if plan.run_id:  # its MLflow run, KILLED or FAILED when the run was interrupted, is running again
+        _after(ended, "the MLflow run", lambda: report.reopen_mlflow_run(run_dir / "work"))
+    try:
+        execute(plan, run_dir, args, definition, cfg.name, tracking_env, ended)
+    except KeyboardInterrupt:  # while starting or stopping the stack
+        ended.interrupted = True
+    except Exception as exc:  # noqa: BLE001 - a bug or the machine: said in the summary, the traceback in the log
+        from local.pipeline_runner import PipelineFailed
+
+        logging.getLogger("local.run").exception("the local run failed")
+        ended.failure = PipelineFailed("local run", f"{type(exc).__name__}: {exc} (see {run_dir / 'local-run.log'})")
+    status = {"interrupted": "KILLED", "failed": "FAILED"}.get(ended.outcome)
+    outcome = (f"failed at {ended.failure.step}: {ended.failure.message}" if ended.outcome == "failed"
+               else ended.outcome)
+    mlflow = _after(ended, "the MLflow run", lambda: report.finish_mlflow_run(run_dir / "work", run_id, plan.params,
+                                                                             status, outcome))
+    files.write_json(run_dir / RUN_FILE, {**asdict(plan), "run_id": run_id, "previous": None,
+                                          "outcome": ended.outcome})
+    if ended.outcome == "succeeded":  # nothing left to resume: the service's package weights go
+        shutil.rmtree(run_dir / "service-state", ignore_errors=True)
+    summary = report.summarize(run_dir, ended.records, ended.failure, time.monotonic() - t0, ended.sessions,
+                               ended.package, parameters=plan.params, notes=ended.notes, mlflow_status=mlflow,
+                               interrupted=ended.interrupted)
+    print(summary, flush=True)
+    if ended.interrupted:
+        print(f"interrupted: every process this run started has been stopped; continue it with "
+              f"python -m local.run --resume {run_id}", file=sys.stderr, flush=True)
+        return 130
+    return 0 if ended.failure is None else 1
+
+
+def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dict[str, Any], pipeline_name: str,
+            tracking_env: dict[str, str], ended: Ended) -> None:
+    """Start the stack, run the definition, read what the run left while the stack is up; ``ended`` learns how
+    it went, whatever happens (a failed step, Ctrl-C, a dead service)."""
+    from local import report
+    from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
+    from local.stack import LocalStack
+
+    workdir, progress = run_dir / "work", Progress(args.quiet, run_dir / "logs")
+    previous = {name: StepRecord(**rec) for name, rec in plan.previous.items()}
+
+    def on_status(rec: StepRecord) -> None:
+        progress.status(rec)  # the records so far over the interrupted run's: a resume may be interrupted too
+        files.write_json(run_dir / STEPS_FILE, {**plan.previous, **{n: asdict(r) for n, r in ended.records.items()}})
+
+    with LocalStack(log_path=run_dir / "training-session-service.log", state_dir=run_dir / "service-state") as stack:
+        print(f"local-run {run_dir.name}: moto {stack.moto_url}, training-session service {stack.service_url}",
+              flush=True)
         env = {**stack.env(), **tracking_env}
-        s3 = stack.s3()
-        bucket = _bucket_of(definition)
-        uris = upload_dataset(s3, bucket, run_dir, (args.train_rows, args.eval_rows), args.seed)
-        params = {"TrainDataS3Uri": uris["train"], "EvalDataS3Uri": uris["eval"], **params}
-        execution = LocalExecution(definition, params, s3, workdir, env, execution_id=run_id,
-                                   pipeline_name=cfg.name, on_line=progress.line, on_status=progress.status)
+        uris = upload_dataset(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
+                              plan.seed)
+        params = {"TrainDataS3Uri": uris["train"], "EvalDataS3Uri": uris["eval"], **plan.params}
+        execution = LocalExecution(definition, params, stack.s3(), workdir, env, execution_id=run_dir.name,
+                                   pipeline_name=pipeline_name, on_line=progress.line, on_status=on_status,
+                                   records=ended.records, log_dir=run_dir / "logs", previous=previous)
+        progress.about = announcements(execution.values)
         try:
             execution.run()
         except PipelineFailed as exc:
-            failure = exc
-        report.collect(workdir, run_dir)  # with evaluation_base.json, from EvaluateModel's paired evaluation
-        sessions = stack.sessions()
-        package = report.registry_entry(run_dir, env)
-    summary = report.summarize(run_dir, execution.records, failure, time.monotonic() - t0, sessions, package)
-    print(summary, flush=True)
-    return 0 if failure is None else 1
+            ended.failure = exc
+        except KeyboardInterrupt:  # the step was stopped (SIGTERM: it stopped its session); collect what is left
+            ended.interrupted = True
+        _after(ended, "the reports", lambda: report.collect(workdir, run_dir, title=report.title(run_dir.name,
+                                                                                               plan.params)))
+        dead = stack.service_exit()
+        if dead is not None:
+            ended.notes.append(f"the training-session service exited during the run (exit code {dead}); its log: "
+                               f"{run_dir / 'training-session-service.log'}")
+            return
+        ended.sessions = _after(ended, "the training sessions", stack.sessions)
+        ended.package = _after(ended, "the model package", lambda: report.registry_entry(run_dir, env))
+
+
+def _after(ended: Ended, what: str, read: Callable[[], Any]) -> Any:
+    """``read()``, or None with a note: what a run left is read however the run ended, and a failure to read
+    one thing never hides the rest of the summary."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - the summary says what could not be read
+        logging.getLogger("local.run").warning("could not read %s", what, exc_info=True)
+        ended.notes.append(f"could not read {what}: {type(exc).__name__}: {exc}")
+        return None
 
 
 def _bucket_of(definition: dict[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """The embedded stand-ins for AWS: moto in server mode and the local training-session service.
 
 Both listen on 127.0.0.1 only and are stopped when the `with` block ends,
-however it ends (error, Ctrl-C).
+however it ends (error, Ctrl-C). The service writes its own log to ``log_path`` and,
+with ``state_dir``, keeps its model packages there: a later stack on the same
+directory serves them again (what a resumed local run's checkpoint refers to).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def _start_service(extra_args: list[str], log: Any) -> tuple[subprocess.Popen, s
 class LocalStack:
     log_path: Path
     service_args: list[str] = field(default_factory=list)
+    state_dir: Path | None = None
 
     def __enter__(self) -> "LocalStack":
         from moto.server import ThreadedMotoServer
@@ -47,9 +50,10 @@ class LocalStack:
         self.moto_url = f"http://{host}:{port}"
         # moto keeps its accounts per process: start every run from an empty one.
         urllib.request.urlopen(urllib.request.Request(f"{self.moto_url}/moto-api/reset", method="POST"), timeout=10)
-        self._log = open(self.log_path, "w")  # the service's own log, for troubleshooting
+        self._log = open(self.log_path, "a")  # the service's own log (a resumed run continues it)
         try:
-            self._service, self.service_url = _start_service(self.service_args, self._log)
+            state = ["--state-dir", str(self.state_dir)] if self.state_dir else []
+            self._service, self.service_url = _start_service([*state, *self.service_args], self._log)
         except BaseException:
             self._moto.stop()
             self._log.close()
@@ -87,6 +91,10 @@ class LocalStack:
 
         return boto3.client("s3", region_name=REGION, endpoint_url=self.moto_url,
                             aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def service_exit(self) -> int | None:
+        """The service's exit code if it has died (a negative one: the signal that killed it), else None."""
+        return self._service.poll()
 
     def sessions(self) -> list[dict[str, Any]]:
         """The service's sessions (name, status), read through its admin route."""

@@ -9,11 +9,12 @@ into a run.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import boto3
 
@@ -34,7 +35,8 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
     typed: dict[str, Any] = {}
     for name, value in params.items():
         if name not in declared:
-            raise UserError(f"unknown pipeline parameter '{name}' (the pipeline has: {', '.join(declared)})")
+            raise UserError(f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)} "
+                            f"(the pipeline has: {', '.join(declared)})")
         kind = declared[name]
         try:
             typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)
@@ -42,6 +44,13 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
             raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
     source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
     return config_from_dict(overridden(load_yaml(config_path), typed), source=source)
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """``"; did you mean BatchSize?"`` for ``batchsize``: the closest name, case aside; else ""."""
+    by_lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]}?" if close else ""
 
 
 def deployed_parameters(sm: Any, name: str, region: str) -> dict[str, str]:

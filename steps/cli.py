@@ -12,8 +12,11 @@ Exit codes (SageMaker shows the code and the log's last lines as the failure rea
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from steps.platform.versions import require_training_session_sdk
@@ -43,8 +46,43 @@ def parse_pairs(items: Iterable[str], flag: str, example: str = "batch_size=64")
     return pairs
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+@dataclass
+class _SigtermHandler:
+    """Raises :class:`Terminated` in the main thread, and again until it is seen to propagate.
+
+    A signal handler runs wherever the main thread is, a garbage collector's weakref callback included, and an
+    exception raised there is printed ("Exception ignored in ...") and dropped: the step would train on to its
+    end. So after raising, the handler sends this process SIGTERM again every ``again_seconds`` until a repeat
+    finds the exception on its way out (``sys.exc_info()`` shows it in the ``finally`` blocks that stop the
+    session; that repeat does nothing, so the cleanup is never interrupted) or :func:`run_step` has it."""
+
+    again_seconds: float = 0.2
+    stop: threading.Event = field(default_factory=threading.Event)  # the exception is propagating or handled
+    _repeating: bool = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.stop.is_set():
+            return
+        if _unwinding(sys.exc_info()[1]):
+            self.stop.set()
+            return
+        if not self._repeating:
+            self._repeating = True
+            threading.Thread(target=self._repeat, name="sigterm-repeat", daemon=True).start()
+        raise Terminated()
+
+    def _repeat(self) -> None:
+        while not self.stop.wait(self.again_seconds):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _unwinding(exc: BaseException | None) -> bool:
+    """``exc`` is a Terminated, or was raised while one was being handled."""
+    while exc is not None:
+        if isinstance(exc, Terminated):
+            return True
+        exc = exc.__context__
+    return False
 
 
 def _describe(exc: BaseException) -> str:
@@ -59,7 +97,8 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
     meanwhile); ``describe`` words an unexpected exception.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    on_sigterm = _SigtermHandler()
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         require_training_session_sdk()
         return body()
@@ -69,6 +108,7 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     except Terminated:
+        on_sigterm.stop.set()
         print(f"error: SIGTERM received; {hint()}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - the policy: anything not refused is a failure, with a hint
@@ -76,4 +116,5 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
         print(f"error: {describe(exc)}; {hint()}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     finally:
+        on_sigterm.stop.set()
         signal.signal(signal.SIGTERM, previous)

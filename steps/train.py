@@ -25,7 +25,7 @@ from steps.config import RunConfig, load_config, to_dict
 from steps.dapo import curves, rollouts
 from steps.dapo import metrics as metrics_io
 from steps.dapo import state as checkpoint
-from steps.dapo.loop import Outcome, Trainer
+from steps.dapo.loop import Outcome, Trainer, total_steps
 from steps.dapo.state import LoopState
 from steps.gsm8k.data import Example, load_examples
 from steps.gsm8k.task import GSM8K
@@ -158,7 +158,8 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
+    """``session`` learns the training session's name and whether it was stopped (for the failure's hint)."""
     cfg = read_config(args)
     service = service_client(cfg.session)
     # First, whatever this attempt goes on to refuse: an earlier attempt's session that is still billing.
@@ -174,9 +175,11 @@ def train(args: argparse.Namespace) -> int:
     meter = billing.TokenMeter(earlier, cfg.session.prices)
 
     training_client = open_session(service, cfg, start, session_name)
+    session["name"] = training_client.training_session_name
     tracker = tracking.start(tracking.config_params(to_dict(cfg)), Path(args.checkpoint_dir) / tracking.RUN_FILE)
     metrics = metrics_io.MetricsLog(metrics_path, print_fn=lambda s: print(s, flush=True),
-                                    trackers=[tracker] if tracker else [])
+                                    trackers=[tracker] if tracker else [],
+                                    total_steps=total_steps(cfg.dapo, len(train_examples)))
     outcome: Outcome | None = None
     try:
         trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
@@ -185,10 +188,13 @@ def train(args: argparse.Namespace) -> int:
                           checkpoint_dir=Path(args.checkpoint_dir), meter=meter)
         outcome = trainer.run(start)
     finally:
-        training_client.stop()  # first: the session is what is billed
-        log.info("training session %s stopped", training_client.training_session_name)
-        if tracker is not None and outcome is None:  # training ended with an error
-            tracker.finish("FAILED")
+        try:
+            training_client.stop()  # first: the session is what is billed
+            session["stopped"] = True
+            log.info("training session %s stopped", training_client.training_session_name)
+        finally:  # also when the stop failed (its service unreachable): the MLflow run ends either way
+            if tracker is not None and outcome is None:  # training ended with an error
+                tracker.finish("FAILED")
     # What the session billed, read once it is stopped (its count is final then), beside the client's count.
     name = training_client.training_session_name
     bill = billing.block(meter.total, billing.service_count(name, cfg.session.region), name, cfg.session.prices,
@@ -203,10 +209,21 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def session_hint(session: dict[str, Any]) -> str:
+    """What became of the training session, in the failure's one line."""
+    if "name" not in session:
+        return "no training session was created"
+    if session.get("stopped"):
+        return "the training session was stopped"
+    return (f"the training session {session['name']} could not be stopped from here (`make sessions` lists it, "
+            "`make stop-orphans` stops it)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_step(lambda: train(args), describe=describe_failure,
-                    hint=lambda: f"the training session was stopped and {resume_hint(args.checkpoint_dir)}")
+    session: dict[str, Any] = {}
+    return run_step(lambda: train(args, session), describe=describe_failure,
+                    hint=lambda: f"{session_hint(session)} and {resume_hint(args.checkpoint_dir)}")
 
 
 if __name__ == "__main__":

@@ -2,18 +2,135 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from local import run
+from local import report, run
+from local.pipeline_runner import LocalExecution, PipelineFailed
+from steps.cli import Refused
+from steps.config import config_from_dict, load_yaml
+from steps.config.parameters import PARAMETERS
+from steps.dapo import curves
 from steps.platform import billing
+from steps.platform.ownership import Owner
+
+
+# -- the pieces of run.py, without a run ----------------------------------------------------------------
+def test_run_ids_never_collide_even_within_one_second(tmp_path):
+    """Two runs started in the same second (or drawing the same digits) get their own folder, and with it their own
+    execution id, job and session names and MLflow run name."""
+    drawn = iter(["aaaa", "aaaa", "bbbb"])
+    clock = lambda: 1_800_000_000.0  # noqa: E731 - the same second for both
+    first = run.create_run_dir(tmp_path, clock=clock, suffix=lambda: next(drawn))
+    second = run.create_run_dir(tmp_path, clock=clock, suffix=lambda: next(drawn))
+    assert first.name.endswith("-aaaa") and second.name.endswith("-bbbb") and first.name[:-4] == second.name[:-4]
+    # Processes racing for one folder: the directory is the claim, so each gets its own.
+    with ProcessPoolExecutor(4) as pool:
+        made = list(pool.map(_create_run_dir_at, [tmp_path / "race"] * 8))
+    assert len(set(made)) == 8 and all(Path(d).is_dir() for d in made)
+    # The session names built from them stay whole within the API's 63 characters, so they differ too.
+    names = {Owner("dapo-local", f"{step}-{d.name}").session_name(1) for d in (first, second)
+             for step in ("TrainDAPO", "EvaluateModel")}
+    assert len(names) == 4 and all(len(n) <= 63 and first.name[:-5] in n for n in names)
+
+
+def _create_run_dir_at(runs_dir: Path) -> str:
+    return str(run.create_run_dir(runs_dir, clock=lambda: 1_800_000_000.0))
+
+
+def test_the_mlflow_store_is_created_once_when_runs_start_together(tmp_path):
+    with ProcessPoolExecutor(3) as pool:
+        uris = list(pool.map(report.mlflow_store, [tmp_path] * 3, ["dapo-local"] * 3))
+    assert len(set(uris)) == 1
+    assert [e.name for e in MlflowClient(uris[0]).search_experiments()] == ["dapo-local", "Default"]
+
+
+def test_help_lists_every_parameter_with_meaning_and_default_and_every_option_has_help(capsys):
+    with pytest.raises(SystemExit) as exited:
+        run.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert exited.value.code == 0
+    local = config_from_dict(load_yaml(run.DEFAULT_CONFIG))
+    for p in PARAMETERS:
+        default = "the run's generated toy data" if p.name in run.DATA_PARAMETERS else p.default(local)
+        assert f"{p.name} {p.meaning} ({p.kind}, default {default})" in out, p.name
+    assert all(a.help for a in run.parser(run.DEFAULT_CONFIG)._actions), "an option without help text"
+
+
+@pytest.mark.parametrize("param, message", [
+    ("batchsize=3", "unknown pipeline parameter 'batchsize'; did you mean BatchSize?"),
+    ("MaxStep=3", "did you mean MaxSteps?"),
+    ("BatchSize=x", "parameter BatchSize='x': must be integer"),
+    ("BatchSize=0", "'dapo.batch_size' must be >= 1, got 0"),
+    ("TrainDataS3Uri=s3://b/x/", "the local run uploads its own toy data"),
+    ("MaxSteps", "expected NAME=VALUE"),
+])
+def test_a_bad_param_is_refused_before_anything_is_built_or_created(tmp_path, param, message):
+    with pytest.raises(Refused, match=re.escape(message)):
+        _run(tmp_path, "--param", param)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "pipeline.json").exists()
+
+
+def test_a_resume_needs_a_run_and_keeps_its_parameters(tmp_path):
+    with pytest.raises(Refused, match="does not exist; the runs there: none"):
+        _run(tmp_path, "--resume", "20261204-000000-abcd")
+    with pytest.raises(Refused, match="runs with the parameters and data the run started with; drop --param"):
+        _run(tmp_path, "--resume", "20261204-000000-abcd", "--param", "MaxSteps=3")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_failed_step_keeps_its_whole_log_and_its_own_error_line_is_the_reason(tmp_path):
+    """Not the tail of what its interpreter printed on the way out (a traceback from a closed event loop)."""
+    code = ("import sys\n"
+            "for i in range(40): print(f'line {i}', flush=True)\n"
+            "print('error: the service did not answer; running the step again resumes', file=sys.stderr)\n"
+            "print('  at step 3', file=sys.stderr, flush=True)\n"
+            "print('Exception ignored in: <function _Handle.__del__>', file=sys.stderr)\n"
+            "print('RuntimeError: Event loop is closed', file=sys.stderr)\n"
+            "sys.exit(1)")
+    definition = {"Version": "2020-12-01", "Parameters": [], "Steps": [
+        {"Name": "Noisy", "Type": "Processing",
+         "Arguments": {"AppSpecification": {"ContainerEntrypoint": ["python", "-c", code]}}}]}
+    execution = LocalExecution(definition, {}, None, tmp_path / "work", {}, execution_id="x", pipeline_name="p",
+                               log_dir=tmp_path / "logs")
+    with pytest.raises(PipelineFailed) as failed:
+        execution.run()
+    assert failed.value.message == \
+        "exit code 1: error: the service did not answer; running the step again resumes | at step 3"
+    log = (tmp_path / "logs" / "Noisy.log").read_text().splitlines()
+    assert log[1:41] == [f"line {i}" for i in range(40)] and "RuntimeError: Event loop is closed" in log
+    assert log[-1] == "== exit code 1"
+
+
+def test_curves_name_the_run_label_every_axis_and_keep_strict_and_lenient_apart(tmp_path):
+    steps = [{"kind": "step", "step": i, "reward_mean": 0.1 * i, "accuracy": 0.1 * i, "accuracy_lenient": 0.1 * i,
+              "filtered_frac": 0.2, "filtered_all_wrong_frac": 0.1, "completion_tokens_mean": 50.0,
+              "truncated_frac": 0.0} for i in (1, 2, 3)]
+    evals = [{"kind": "eval", "step": 3, "accuracy": 0.5, "accuracy_lenient": 0.5}]
+    title = report.title("20261204-184207-a3f2", {"MaxSteps": "3"})
+    fig = curves.plot_curves(steps + evals, tmp_path / "curves.png", title=title, base=(0.1, 0.1))
+    assert title == "local run 20261204-184207-a3f2: MaxSteps=3" and fig.axes[0].get_title() == title
+    top, lengths, health, cut, shares = fig.axes
+    assert all(a.get_xlabel() and a.get_ylabel() for a in (top, lengths, health))
+    assert cut.get_ylabel() and shares.get_ylabel()
+    lines = {line.get_label(): (i, line) for i, line in enumerate(top.get_lines())}
+    for strict, lenient in (("accuracy, strict: the reward's (sampled, T=1)", "accuracy, lenient (sampled, T=1)"),
+                            ("greedy eval accuracy, strict (step 0: base)", "greedy eval accuracy, lenient")):
+        (i, s), (j, le) = lines[strict], lines[lenient]
+        assert list(s.get_ydata()) == list(le.get_ydata())  # the two coincide here ...
+        assert j < i  # ... so lenient is drawn under strict, and looks otherwise
+        assert (s.get_linewidth(), s.get_marker(), s.get_alpha()) != (le.get_linewidth(), le.get_marker(),
+                                                                       le.get_alpha())
 
 
 def _run(tmp_path, *extra):
@@ -36,8 +153,23 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
                  "rollouts.jsonl", "summary.txt"):
         assert (d / name).exists(), name
     # The steps ran in the definition's order, the condition chose the approve branch.
-    order = [l.split("]")[0][1:] for l in out.splitlines() if l.endswith(")") and " started (" in l]
+    order = re.findall(r"^\[(\w+)\] started \(", out, re.M)
     assert order == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel"]
+    # Each step says what it does; EvaluateModel that it evaluates both models.
+    assert ("[EvaluateModel] started (Processing): evaluates the base model and the trained adapter, each on the "
+            "first 60 held-out questions\n") in out
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", d.name)
+    # Every step's whole output and the service's own log are kept (the console showed none of the SDK's lines);
+    # train lines end with the progress and the time left.
+    logs = {p.name: p.read_text() for p in (d / "logs").iterdir()}
+    assert sorted(logs) == ["ApproveModel.log", "EvaluateModel.log", "TrainDAPO.log", "ValidateData.log"]
+    assert re.search(r"^train: step=15 .* progress=15/15 eta=0s$", logs["TrainDAPO.log"], re.M)
+    assert "unencrypted" in logs["TrainDAPO.log"] and "unencrypted" not in out and "INFO" not in out
+    assert "session dapo-" in (d / "training-session-service.log").read_text()
+    assert not (d / "service-state").exists()  # a run that succeeded has nothing to resume
+    # The overridden parameters: in the summary, and as the MLflow run's name and tags (below).
+    assert "  parameters: MaxSteps=15 EvalSize=60\n" in out and "parameters: MaxSteps=15 EvalSize=60" in \
+        (d / "summary.txt").read_text()
     trained = json.loads((d / "evaluation.json").read_text())
     base = json.loads((d / "evaluation_base.json").read_text())
     # evaluation_base.json is the base half of EvaluateModel's paired evaluation, in the same layout.
@@ -87,6 +219,10 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     client = MlflowClient(tracking_uri=store)
     [mlflow_run] = client.search_runs([client.get_experiment_by_name("dapo-local").experiment_id])
     assert mlflow_run.data.params["dapo.max_steps"] == "15"
+    assert mlflow_run.info.run_name == f"{d.name} MaxSteps=15 EvalSize=60" and mlflow_run.info.status == "FINISHED"
+    assert {k: v for k, v in mlflow_run.data.tags.items() if k.startswith(("parameter.", "local_run."))} == {
+        "parameter.MaxSteps": "15", "parameter.EvalSize": "60", "local_run.id": d.name,
+        "local_run.parameters": "MaxSteps=15 EvalSize=60", "local_run.outcome": "succeeded"}
     assert [m.step for m in client.get_metric_history(mlflow_run.info.run_id, "step/reward_mean")] == list(range(1, 16))
     assert mlflow_run.data.metrics["final_eval/accuracy"] == trained["metrics"]["accuracy"]["value"]
     assert mlflow_run.data.metrics["final_eval/improvement_ci95_low"] == gain["ci95_low"]
@@ -159,18 +295,69 @@ def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, ca
     assert not (d / "metrics.jsonl").exists()
 
 
-def test_ctrl_c_stops_every_process_the_run_started(tmp_path):
+def _start(tmp_path, *extra):
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"),
-                             "--definition-out", str(tmp_path / "pipeline.json"), "--train-rows", "300"],
+    return subprocess.Popen([sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"),
+                             "--definition-out", str(tmp_path / "pipeline.json"), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root))
-    urls = []
+
+
+def _mlflow_runs(tmp_path):
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}")
+    return client.search_runs([client.get_experiment_by_name("dapo-local").experiment_id])
+
+
+def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run_still_reports(tmp_path):
+    """The local service killed mid-training: TrainDAPO fails within 30 s (the SDK alone retried for ~10 min) with
+    its one `error:` line, the summary is printed, and the MLflow run ends FAILED (it was left RUNNING)."""
+    proc = _start(tmp_path, "--train-rows", "200", "--eval-rows", "20")
+    lines = []
     for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[TrainDAPO] train: step=2 "):
+            break
+    [service] = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "local.training_session"], capture_output=True,
+                               text=True).stdout.split()
+    os.kill(int(service), signal.SIGKILL)
+    killed = time.monotonic()
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[TrainDAPO] Failed"):
+            failed_after = time.monotonic() - killed
+            break
+    out, _ = proc.communicate(timeout=60)
+    out = "".join(lines) + out
+    assert proc.returncode == 1 and failed_after < 30, failed_after
+    [failed] = [line for line in out.splitlines() if line.startswith("[TrainDAPO] Failed")]
+    reason = re.search(r"Failed in [0-9.]+s: exit code 1: (error: .*) \(whole log: .*\)$", failed).group(1)
+    assert reason.startswith("error: the training session failed (ServiceUnreachable: the training-session service "
+                             "at http://127.0.0.1:") and "has not answered for" in reason
+    assert "could not be stopped from here" in reason and "|" not in reason  # the one line, nothing after it
+    assert "Event loop is closed" not in out and "Traceback" not in out
+    run_dir = _run_dir(tmp_path)
+    assert "Event loop is closed" in (run_dir / "logs" / "TrainDAPO.log").read_text() or \
+        "Traceback" in (run_dir / "logs" / "TrainDAPO.log").read_text()  # kept there, whole
+    summary = (run_dir / "summary.txt").read_text()
+    assert f"== local run {run_dir.name} " in out and "outcome: FAILED at TrainDAPO: exit code 1: error:" in summary
+    assert "note: the training-session service exited during the run (exit code -9)" in summary
+    assert "training sessions: unknown" in summary
+    [mlflow_run] = _mlflow_runs(tmp_path)
+    assert mlflow_run.info.status == "FAILED" and f"mlflow: run {mlflow_run.info.run_id} (FAILED)" in summary
+    assert mlflow_run.data.tags["local_run.outcome"].startswith("failed at TrainDAPO: exit code 1: error:")
+
+
+def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_path, capsys):
+    proc = _start(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "MaxSteps=16",
+                  "--param", "EvalSize=20")
+    urls, lines = [], []
+    for line in proc.stdout:  # the checkpoint of step 10 (save_every) is written by now
+        lines.append(line)
         urls += re.findall(r"http://127\.0\.0\.1:\d+", line)
-        if line.startswith("[TrainDAPO] train: step=1 "):
+        if line.startswith("[TrainDAPO] train: step=11 "):
             break
     proc.send_signal(signal.SIGINT)  # to the runner only, as a kill -INT would
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
+    out = "".join(lines) + out
     assert proc.returncode == 130 and "interrupted" in err
     assert len(urls) >= 2
     for url in urls[:2]:  # moto and the training-session service no longer listen
@@ -180,3 +367,31 @@ def test_ctrl_c_stops_every_process_the_run_started(tmp_path):
     # No step process (they all run with paths under this run's directory) is left.
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
+    # The summary still came, and the MLflow run ended KILLED; the step stopped on SIGTERM, stopping its session.
+    run_id = re.search(r"^local-run (\S+):", out, re.M).group(1)
+    assert f"outcome: INTERRUPTED; continue it with: python -m local.run --resume {run_id}" in out
+    [killed] = _mlflow_runs(tmp_path)
+    assert killed.info.status == "KILLED"
+    run_dir = tmp_path / "runs" / run_id
+    assert "error: SIGTERM received; the training session was stopped" in (run_dir / "logs/TrainDAPO.log").read_text()
+
+    # Resumed: same run id, same MLflow run; ValidateData kept, TrainDAPO from its checkpoint to MaxSteps only.
+    assert _run(tmp_path, "--resume", run_id) == 0
+    out = capsys.readouterr().out
+    assert f"local-run {run_id}: resuming (ValidateData completed before; parameters: MaxSteps=16 EvalSize=20)" in out
+    assert "[ValidateData] Succeeded: kept from the interrupted run (its outputs restored to S3)" in out
+    assert "outcome: succeeded, model approved" in out
+    attempts = (run_dir / "logs/TrainDAPO.log").read_text().split("== TrainDAPO of ")[1:]
+    assert len(attempts) == 2
+    resumed_at = int(re.search(r"resuming from \S+ \(step (\d+)\)", attempts[1]).group(1))
+    first = [int(n) for n in re.findall(r"^train: step=(\d+) ", attempts[0], re.M)]
+    again = [int(n) for n in re.findall(r"^train: step=(\d+) ", attempts[1], re.M)]
+    assert 10 <= resumed_at < 16 and first[-1] >= 11 and again == list(range(resumed_at + 1, 17))
+    steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(l)["kind"] == "step"]
+    assert steps == list(range(1, 17))
+    [finished] = _mlflow_runs(tmp_path)
+    assert finished.info.run_id == killed.info.run_id and finished.info.status == "FINISHED"
+    assert json.loads((run_dir / "run.json").read_text())["outcome"] == "succeeded"
+    with pytest.raises(Refused, match="that run succeeded; there is nothing left to run"):
+        _run(tmp_path, "--resume", run_id)

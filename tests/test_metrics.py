@@ -105,3 +105,25 @@ def test_an_evaluations_rollouts_go_to_rollouts_jsonl_and_every_trackers_table(t
     assert list(data) == list(rollouts.FIELDS)
     metrics.truncate_after(tmp_path / "rollouts.jsonl", 5)  # a resumed run redoes step 10's evaluation
     assert metrics.read(tmp_path / "rollouts.jsonl") == []
+
+
+def test_train_lines_end_with_progress_and_eta_after_every_field(tmp_path):
+    """`progress=N/M eta=...` comes after the fields, so each CloudWatch regex still reads its own figure."""
+    lines = []
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append, total_steps=30)
+    record = {"step": 0, "reward_mean": 0.25, "accuracy": 0.5, "loss": -0.5, "tokens": 4, "accuracy_lenient": 0.5,
+              "completion_tokens_mean": 2.0, "truncated_frac": 0.0, "off_policy_steps": 0, "entropy": 1.0,
+              "sampler_kl": 0.0, "completion_tokens_p50": 2.0, "completion_tokens_p95": 2.0,
+              "completion_tokens_max": 2, "repetition_frac": 0.0, "format_error_rate": 0.0,
+              **{k: 7 for k in metrics.TOKEN_FIELDS}}
+    for step, seconds in ((11, 2.0), (12, 4.0)):
+        log.step({**record, "step": step, "seconds": seconds})
+    fields = metrics.line("train", {**record, "step": 12, "seconds": 4.0}, metrics.TRAIN_FIELDS + metrics.TOKEN_FIELDS)
+    assert lines[-1] == fields + " progress=12/30 eta=54s"  # 18 steps left at the mean 3 s a step
+    for m in METRIC_DEFINITIONS:
+        if m.name.startswith("train:"):
+            assert re.search(m.regex, lines[-1]).group(1) == re.search(m.regex, fields).group(1), m.name
+    assert [r["step"] for r in metrics.read(tmp_path / "metrics.jsonl")] == [11, 12]  # the record has no ETA
+    assert "eta" not in metrics.read(tmp_path / "metrics.jsonl")[0]
+    assert metrics.progress(3, 30, [10.0, 20.0, 30.0]) == " progress=3/30 eta=9m00s"
+    assert metrics.progress(3, None, [1.0]) == ""  # no known end (a MetricsLog without total_steps): no ending

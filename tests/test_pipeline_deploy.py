@@ -265,7 +265,8 @@ def test_start_passes_parameter_overrides(pipeline_in_moto, config):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"BatchSzie": "64"}, "unknown pipeline parameter 'BatchSzie' (the pipeline has: TrainDataS3Uri,"),
+        ({"BatchSzie": "64"},
+         "unknown pipeline parameter 'BatchSzie'; did you mean BatchSize? (the pipeline has: TrainDataS3Uri,"),
         ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
         ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
         ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 
 def plot_curves(records: Sequence[dict[str, Any]], out: Path, *, title: str = "DAPO training curves",
-                base: tuple[float, float] | None = None) -> None:
-    """``base``: the base model's greedy (strict, lenient) accuracy, drawn at step 0."""
+                base: tuple[float, float] | None = None) -> Any:
+    """``base``: the base model's greedy (strict, lenient) accuracy, drawn at step 0. Returns the (closed) figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,17 +28,26 @@ def plot_curves(records: Sequence[dict[str, Any]], out: Path, *, title: str = "D
                                               gridspec_kw={"height_ratios": [2, 1, 1]})
     x = [r["step"] for r in steps]
     ax.plot(x, [r["reward_mean"] for r in steps], label="reward mean (sampled)")
-    ax.plot(x, [r["accuracy"] for r in steps], label="accuracy, strict: the reward's (sampled, T=1)")
-    ax.plot(x, [r["accuracy_lenient"] for r in steps], label="accuracy, lenient (sampled, T=1)", linestyle="-.")
+    # Lenient under strict, wide and pale: where the two coincide (most runs) both stay visible.
+    ax.plot(x, [r["accuracy_lenient"] for r in steps], label="accuracy, lenient (sampled, T=1)", color="tab:orange",
+            linewidth=5, alpha=0.35)
+    ax.plot(x, [r["accuracy"] for r in steps], label="accuracy, strict: the reward's (sampled, T=1)",
+            color="tab:orange", linewidth=1.5)
     ax.plot(x, [r["filtered_frac"] for r in steps], label="filtered fraction", linestyle="--")
     ax.plot(x, [r["filtered_all_wrong_frac"] for r in steps], label="filtered, all wrong", linestyle=":")
-    for index, (name, style) in enumerate((("strict", "o-"), ("lenient", "s:"))):
+    # Lenient first, as large hollow squares; strict on top, as dots inside them.
+    for index, (name, style) in ((1, ("lenient", dict(marker="s", markersize=10, markerfacecolor="none",
+                                                        linestyle=":"))),
+                                 (0, ("strict", dict(marker="o", markersize=5, linestyle="-")))):
         key = "accuracy" if name == "strict" else "accuracy_lenient"
         points = ([(0, base[index])] if base else []) + [(r["step"], r[key]) for r in evals]
         if points:
             label = f"greedy eval accuracy, {name}" + (" (step 0: base)" if base and name == "strict" else "")
-            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+            ax.plot([p[0] for p in points], [p[1] for p in points], color="tab:brown", label=label, **style)
     ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("reward, accuracy, fraction")
+    ax.set_xlabel("optimizer step")
+    ax.tick_params(labelbottom=True)  # the shared x axis, labelled on both panels
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
     ax.set_title(title)
@@ -48,16 +57,20 @@ def plot_curves(records: Sequence[dict[str, Any]], out: Path, *, title: str = "D
         lengths.plot(x, _series(steps, f"completion_tokens_{key}"), color="tab:purple", linestyle=style,
                      alpha=0.6, label=key)
     lengths.set_ylabel("tokens")
+    lengths.set_xlabel("optimizer step")
+    lengths.tick_params(labelbottom=True)
     lengths.grid(alpha=0.3)
     cut = lengths.twinx()
     cut.plot(x, [r["truncated_frac"] for r in steps], color="tab:red", linestyle="--",
              label="truncated at max_tokens (right)")
     cut.set_ylim(0, max([0.05] + [r["truncated_frac"] * 1.2 for r in steps]))
+    cut.set_ylabel("fraction truncated")
     lengths.legend(handles=lengths.get_lines() + cut.get_lines(), loc="upper right", fontsize="small")
     _health(health, x, steps)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+    return fig
 
 
 def _series(steps: Sequence[dict[str, Any]], key: str) -> list[float]:
@@ -71,7 +84,7 @@ def _health(ax: Any, x: list[int], steps: Sequence[dict[str, Any]]) -> None:
     ax.plot(x, _series(steps, "sampler_kl"), color="tab:gray", linestyle="--",
             label="sampler-trainer KL, k3 (nats/token)")
     ax.set_ylabel("nats / token")
-    ax.set_xlabel("step")
+    ax.set_xlabel("optimizer step")
     ax.grid(alpha=0.3)
     shares = ax.twinx()
     shares.plot(x, _series(steps, "repetition_frac"), color="tab:orange", linestyle=":",
@@ -79,4 +92,5 @@ def _health(ax: Any, x: list[int], steps: Sequence[dict[str, Any]]) -> None:
     shares.plot(x, _series(steps, "format_error_rate"), color="tab:brown", linestyle="-.",
                 label="format errors (right)")
     shares.set_ylim(-0.02, 1.02)
+    shares.set_ylabel("fraction of completions")
     ax.legend(handles=ax.get_lines() + shares.get_lines(), loc="center right", fontsize="small")

@@ -91,6 +91,16 @@ def line(prefix: str, record: dict[str, Any], fields: Sequence[str]) -> str:
     return f"{prefix}: " + " ".join(f"{k}={_format(record[k], k)}" for k in fields)
 
 
+def progress(step: int, total: int | None, seconds: Sequence[float]) -> str:
+    """The train line's ending: `` progress=12/30 eta=1m05s``, the time left at the mean pace of ``seconds``
+    (the steps trained so far; evaluations excluded). After every field: the metric regexes never see it."""
+    if not total:
+        return ""
+    left = max(0, total - step) * (sum(seconds) / len(seconds) if seconds else 0.0)
+    minutes, secs = divmod(round(left), 60)
+    return f" progress={step}/{total} eta={f'{minutes}m{secs:02d}s' if minutes else f'{secs}s'}"
+
+
 class Tracker(Protocol):
     def log_metrics(self, record: dict[str, Any], step: int) -> None: ...
 
@@ -104,6 +114,8 @@ class MetricsLog:
     path: Path
     print_fn: Callable[[str], None] = print
     trackers: list[Tracker] = field(default_factory=list)
+    total_steps: int | None = None  # the run's last step: train lines end with progress= and eta=
+    _step_seconds: list[float] = field(default_factory=list)  # this process's steps, for the ETA
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -119,7 +131,9 @@ class MetricsLog:
                           "so more were started at once)")
 
     def step(self, record: dict[str, Any]) -> None:
-        self.print_fn(line("train", record, TRAIN_FIELDS + tuple(k for k in TOKEN_FIELDS if k in record)))
+        self._step_seconds.append(float(record["seconds"]))
+        fields = TRAIN_FIELDS + tuple(k for k in TOKEN_FIELDS if k in record)
+        self.print_fn(line("train", record, fields) + progress(record["step"], self.total_steps, self._step_seconds))
         self._write("step", record)
 
     def eval(self, record: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from steps.dapo.chat import completion_text, opens_reasoning
 from steps.dapo.reward import RewardShaping, reward
 from steps.dapo.task import Grade, Task
 from steps.platform.billing import TokenMeter
+from steps.platform.failfast import ServiceUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,9 @@ def derived_seed(*parts: int) -> int:
 
 
 def _session_gone(exc: Exception) -> bool:
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in SESSION_GONE
+    """Resubmitting cannot help: the session is gone, or its service does not answer at all."""
+    return isinstance(exc, ServiceUnreachable) or (
+        isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in SESSION_GONE)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,11 @@ class SessionNetwork:
 
 
 def service_client(cfg: SessionConfig) -> Any:
-    """The ServiceClient of the config; its sessions get the job's :class:`SessionNetwork`."""
+    """The ServiceClient of the config; its sessions get the job's :class:`SessionNetwork`, and its calls fail
+    within seconds once the service stops answering (steps/platform/failfast.py)."""
     from sagemaker.train.training_session import ServiceClient
+
+    from steps.platform.failfast import fail_fast
 
     missing = [key for key in ("base_model", "role_arn") if not getattr(cfg, key)]
     if missing:
@@ -70,13 +73,13 @@ def service_client(cfg: SessionConfig) -> Any:
             "model ARN) and an IAM role ARN (see config/iam/README.md); set them in the config or pass "
             f"--set {missing[0]}=..."
         )
-    return ServiceClient(
+    return fail_fast(ServiceClient(
         region=cfg.region,
         role_arn=cfg.role_arn,
         model_package_group_arn=cfg.model_package_group_arn,
         s3_output_path=cfg.s3_output_path,
         **SessionNetwork.from_env().client_kwargs(),
-    )
+    ))
 
 
 def lora_kwargs(cfg: SessionConfig, name: str | None = None) -> dict[str, Any]:

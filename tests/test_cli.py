@@ -1,0 +1,42 @@
+"""steps/cli.py's exit-code policy under SIGTERM: the step stops even when the first Terminated is swallowed (a
+signal handler can run inside a garbage collector's weakref callback, whose exceptions Python drops), and the
+cleanup it does on the way out is never interrupted by the repeats."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+from local.stack import ROOT
+
+STEP = textwrap.dedent("""
+    import sys, time
+    from steps.cli import Terminated, run_step
+
+    def body():
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        except Terminated:  # what a weakref callback does with it: drop it, and the step goes on
+            print("swallowed", flush=True)
+        try:
+            time.sleep(60)  # training on, as if nothing had happened
+        finally:
+            time.sleep(2.5)  # stopping the session: a repeated SIGTERM must not cut this short
+            print("cleaned up", flush=True)
+        return 0
+
+    sys.exit(run_step(body, hint=lambda: "the session was stopped"))
+""")
+
+
+def test_a_swallowed_sigterm_is_raised_again_and_the_cleanup_runs_whole():
+    proc = subprocess.Popen([sys.executable, "-c", STEP], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(ROOT))
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)  # not the 60 s sleep: the repeat ended it
+    assert proc.returncode == 143, err
+    assert out.splitlines() == ["swallowed", "cleaned up"]
+    assert err.strip().splitlines()[-1] == "error: SIGTERM received; the session was stopped"
