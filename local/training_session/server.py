@@ -208,39 +208,26 @@ def _faults(state: ServiceState, raw: bytes) -> Response:
     return Response(200, {"faults": state.injector.faults.to_dict(), "injected": state.injector.injected})
 
 
-def _set_faults(state: ServiceState, raw: bytes) -> Response:
-    try:
-        faults = Faults.from_mapping(json.loads(raw or b"{}"))
-    except (ValueError, TypeError) as e:
-        return Response(400, {"message": str(e)}, error_code="ValidationException")
-    set_faults(state, faults)
-    return _faults(state, raw)
-
-
 def _costs(state: ServiceState, raw: bytes) -> Response:
     return Response(200, state.meter.snapshot(state.backend.sessions()))
-
-
-def _set_costs(state: ServiceState, raw: bytes) -> Response:
-    try:
-        costs = Costs.from_mapping(json.loads(raw or b"{}"))
-    except (ValueError, TypeError) as e:
-        return Response(400, {"message": str(e)}, error_code="ValidationException")
-    set_costs(state, costs)
-    return _costs(state, raw)
 
 
 def _sickness(state: ServiceState, raw: bytes) -> Response:
     return Response(200, {"sickness": state.sick.sickness.to_dict()})
 
 
-def _set_sickness(state: ServiceState, raw: bytes) -> Response:
-    try:
-        sickness = Sickness.from_mapping(json.loads(raw or b"{}"))
-    except (ValueError, TypeError) as e:
-        return Response(400, {"message": str(e)}, error_code="ValidationException")
-    set_sickness(state, sickness)
-    return _sickness(state, raw)
+def _setter(parse: Callable[[Any], Any], apply: Callable[[ServiceState, Any], None],
+            show: Callable[[ServiceState, bytes], Response]) -> Callable[[ServiceState, bytes], Response]:
+    """An admin POST: the JSON body parsed into the knob's settings (a bad one is a 400 naming it), applied,
+    and the knob's state answered as its GET would."""
+    def handle(state: ServiceState, raw: bytes) -> Response:
+        try:
+            settings = parse(json.loads(raw or b"{}"))
+        except (ValueError, TypeError) as e:
+            return Response(400, {"message": str(e)}, error_code="ValidationException")
+        apply(state, settings)
+        return show(state, raw)
+    return handle
 
 
 def _requests(state: ServiceState, raw: bytes) -> Response:
@@ -272,11 +259,11 @@ def set_sickness(state: ServiceState, sickness: Sickness) -> None:
 ADMIN_ROUTES: dict[tuple[str, str], Callable[[ServiceState, bytes], Response]] = {
     ("GET", "/_admin/sessions"): _sessions,
     ("GET", "/_admin/faults"): _faults,
-    ("POST", "/_admin/faults"): _set_faults,
+    ("POST", "/_admin/faults"): _setter(Faults.from_mapping, set_faults, _faults),
     ("GET", "/_admin/costs"): _costs,
-    ("POST", "/_admin/costs"): _set_costs,
+    ("POST", "/_admin/costs"): _setter(Costs.from_mapping, set_costs, _costs),
     ("GET", "/_admin/sickness"): _sickness,
-    ("POST", "/_admin/sickness"): _set_sickness,
+    ("POST", "/_admin/sickness"): _setter(Sickness.from_mapping, set_sickness, _sickness),
     ("GET", "/_admin/requests"): _requests,
 }
 
