@@ -167,14 +167,9 @@ def _accuracy(path: Path, name: str = "accuracy") -> float | None:
     return float(json.loads(path.read_text())["metrics"][name]["value"])
 
 
-def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict] | None,
-              package: dict[str, Any] | None = None, *, parameters: dict[str, str] | None = None,
-              notes: Sequence[str] = (), mlflow_status: str | None = None, interrupted: bool = False) -> str:
-    """The run in a screenful, also written to summary.txt. ``sessions`` None: the service could not say."""
-    lines = [f"== local run {run_dir.name} ({seconds:.0f}s) ==",
-             f"  parameters: {overrides(parameters or {})}"]
-    for rec in records.values():
-        lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}")
+def training_lines(run_dir: Path) -> list[str]:
+    """What ValidateData kept and how the sampled accuracy moved; a stop before max_steps said plainly."""
+    lines = []
     val = run_dir / "validation.json"
     if val.exists():
         v = json.loads(val.read_text())
@@ -191,25 +186,20 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
     if model.get("stopped_early"):
         lines.append(f"  training STOPPED EARLY after {model.get('steps_completed')} optimizer steps: "
                      f"{model.get('stop_reason')}")
-    lines += evaluation_lines(run_dir)
-    lines += billing_lines(run_dir)
+    return lines
+
+
+def outcome(run_dir: Path, records: dict[str, Any], failure: Any, interrupted: bool) -> str:
+    """Succeeded, failed where and why, or interrupted; with the --resume command where resuming can help."""
     resume = f"; continue it with: python -m local.run --resume {run_dir.name}"
-    outcome = ("INTERRUPTED" + resume if interrupted else "succeeded, model approved" if failure is None
-               else f"FAILED at {failure.step}: {failure.message}"
-               + (resume if _resumable(records.get(failure.step), failure.message) else ""))
-    lines.append(f"  outcome: {outcome}")
-    lines += [f"  note: {note}" for note in notes]
-    if package:
-        metadata = " ".join(f"{k}={v}" for k, v in sorted((package.get("CustomerMetadataProperties") or {}).items()))
-        lines.append(f"  model package: {package['ModelApprovalStatus']} {package['ModelPackageArn']}")
-        lines.append(f"    metadata: {metadata or '(none)'}")
-    run = model.get("mlflow") or mlflow_run(run_dir / "work")
-    if run:
-        store = run["tracking_uri"]
-        status = f" ({mlflow_status})" if mlflow_status else ""
-        lines.append(f"  mlflow: run {run['run_id']}{status} in experiment '{run['experiment']}'; "
-                     f"see it with: mlflow ui --backend-store-uri {store}")
-    lines += rollout_lines(run_dir, run)
+    return ("INTERRUPTED" + resume if interrupted else "succeeded, model approved" if failure is None
+            else f"FAILED at {failure.step}: {failure.message}"
+            + (resume if _resumable(records.get(failure.step), failure.message) else ""))
+
+
+def session_lines(sessions: list[dict] | None) -> list[str]:
+    """The sessions the run created and how many are left running (the billing check)."""
+    lines = []
     if sessions is None:
         lines.append("  training sessions: unknown (the training-session service could not say)")
     else:
@@ -217,6 +207,34 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
         lines.append(f"  training sessions created: {len(sessions)}, left running: {len(running)}")
         if sessions:  # the pipeline's jobs name theirs after themselves
             lines.append("    " + ", ".join(f"{s['name']} {s['status']}" for s in sessions))
+    return lines
+
+
+def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: float, sessions: list[dict] | None,
+              package: dict[str, Any] | None = None, *, parameters: dict[str, str] | None = None,
+              notes: Sequence[str] = (), mlflow_status: str | None = None, interrupted: bool = False) -> str:
+    """The run in a screenful, also written to summary.txt. ``sessions`` None: the service could not say."""
+    lines = [f"== local run {run_dir.name} ({seconds:.0f}s) ==",
+             f"  parameters: {overrides(parameters or {})}"]
+    for rec in records.values():
+        lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}")
+    lines += training_lines(run_dir)
+    lines += evaluation_lines(run_dir)
+    lines += billing_lines(run_dir)
+    lines.append(f"  outcome: {outcome(run_dir, records, failure, interrupted)}")
+    lines += [f"  note: {note}" for note in notes]
+    if package:
+        metadata = " ".join(f"{k}={v}" for k, v in sorted((package.get("CustomerMetadataProperties") or {}).items()))
+        lines.append(f"  model package: {package['ModelApprovalStatus']} {package['ModelPackageArn']}")
+        lines.append(f"    metadata: {metadata or '(none)'}")
+    run = _model(run_dir).get("mlflow") or mlflow_run(run_dir / "work")
+    if run:
+        store = run["tracking_uri"]
+        status = f" ({mlflow_status})" if mlflow_status else ""
+        lines.append(f"  mlflow: run {run['run_id']}{status} in experiment '{run['experiment']}'; "
+                     f"see it with: mlflow ui --backend-store-uri {store}")
+    lines += rollout_lines(run_dir, run)
+    lines += session_lines(sessions)
     names = {p.name for p in run_dir.iterdir() if p.is_file()} | {"summary.txt"}  # written below
     lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(names))})")
     if (run_dir / "logs").is_dir():

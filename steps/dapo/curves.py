@@ -51,7 +51,21 @@ def plot_curves(records: Sequence[dict[str, Any]], out: Path, *, title: str = "D
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
     ax.set_title(title)
-    # The rollouts' lengths: a reasoning model's grow or shrink as it learns; cut-off ones hit max_tokens.
+    _lengths(lengths, x, steps)
+    _health(health, x, steps)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return fig
+
+
+def _series(steps: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """One figure per step; NaN where a record lacks it (metrics.jsonl of a run from before the figure)."""
+    return [float(r.get(key, math.nan)) for r in steps]
+
+
+def _lengths(lengths: Any, x: list[int], steps: Sequence[dict[str, Any]]) -> None:
+    """The rollouts' lengths: a reasoning model's grow or shrink as it learns; cut-off ones hit max_tokens."""
     lengths.plot(x, [r["completion_tokens_mean"] for r in steps], color="tab:purple", label="completion tokens, mean")
     for key, style in (("p50", ":"), ("p95", "--"), ("max", "-.")):
         lengths.plot(x, _series(steps, f"completion_tokens_{key}"), color="tab:purple", linestyle=style,
@@ -66,16 +80,6 @@ def plot_curves(records: Sequence[dict[str, Any]], out: Path, *, title: str = "D
     cut.set_ylim(0, max([0.05] + [r["truncated_frac"] * 1.2 for r in steps]))
     cut.set_ylabel("fraction truncated")
     lengths.legend(handles=lengths.get_lines() + cut.get_lines(), loc="upper right", fontsize="small")
-    _health(health, x, steps)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return fig
-
-
-def _series(steps: Sequence[dict[str, Any]], key: str) -> list[float]:
-    """One figure per step; NaN where a record lacks it (metrics.jsonl of a run from before the figure)."""
-    return [float(r.get(key, math.nan)) for r in steps]
 
 
 def _health(ax: Any, x: list[int], steps: Sequence[dict[str, Any]]) -> None:
