@@ -431,22 +431,11 @@ def _registry_step(
     return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on)
 
 
-def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSession | None = None) -> Pipeline:
-    """Build the pipeline; no AWS call happens here or in ``definition()``."""
-    session = session or make_session(run.session.region or "us-east-1", cfg.default_bucket)
-    params = make_parameters(run)
-
-    validate = _validate_step(cfg, run, params, session)
-    validated = validate.properties.ProcessingOutputConfig.Outputs["validated"].S3Output.S3Uri
-
-    train = _train_step(cfg, run, params, validated, session)
-    model = train.properties.ModelArtifacts.S3ModelArtifacts
-
-    report = PropertyFile(name="EvaluationReport", output_name="evaluation", path="evaluation.json")
-    evaluate = _evaluate_step(cfg, params, validated, model, report, session)
-    evaluation = evaluate.properties.ProcessingOutputConfig.Outputs["evaluation"].S3Output.S3Uri
+def _gate_step(cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluation: Any, evaluate_name: str,
+               report: PropertyFile, session: PipelineSession) -> ConditionStep:
+    """CheckAccuracy, with ApproveModel on one branch and RecordRejection then AccuracyTooLow on the other."""
     def report_value(path: str) -> JsonGet:
-        return JsonGet(step_name=evaluate.name, property_file=report, json_path=path)
+        return JsonGet(step_name=evaluate_name, property_file=report, json_path=path)
 
     # The gate (CheckAccuracy), every condition must hold:
     # - the strict greedy accuracy at or above AccuracyThreshold;
@@ -485,6 +474,24 @@ def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSessio
         if_steps=[approve],
         else_steps=[rejection, too_low],
     )
+    return check
+
+
+def get_pipeline(cfg: PipelineConfig, run: RunConfig, *, session: PipelineSession | None = None) -> Pipeline:
+    """Build the pipeline; no AWS call happens here or in ``definition()``."""
+    session = session or make_session(run.session.region or "us-east-1", cfg.default_bucket)
+    params = make_parameters(run)
+
+    validate = _validate_step(cfg, run, params, session)
+    validated = validate.properties.ProcessingOutputConfig.Outputs["validated"].S3Output.S3Uri
+
+    train = _train_step(cfg, run, params, validated, session)
+    model = train.properties.ModelArtifacts.S3ModelArtifacts
+
+    report = PropertyFile(name="EvaluationReport", output_name="evaluation", path="evaluation.json")
+    evaluate = _evaluate_step(cfg, params, validated, model, report, session)
+    evaluation = evaluate.properties.ProcessingOutputConfig.Outputs["evaluation"].S3Output.S3Uri
+    check = _gate_step(cfg, params, model, evaluation, evaluate.name, report, session)
     return Pipeline(
         name=cfg.name,
         parameters=list(params.values()),
