@@ -295,13 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(plan, run_dir, args)
 
 
-def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
-    from local import report
-    from pipeline import budget
-    from pipeline.config import load
-    from steps.platform import tracking
-
-    run_id, t0 = run_dir.name, time.monotonic()
+def _definition(plan: Plan, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The run's pipeline definition: built (and kept in the run's folder), or the kept one on a resume."""
+    run_id = run_dir.name
     if plan.run_id:
         definition = json.loads((run_dir / "pipeline.json").read_text())
         done = [name for name, rec in plan.previous.items() if rec["status"] == "Succeeded"]
@@ -312,6 +308,17 @@ def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
         files.write_json(run_dir / "pipeline.json", definition, indent=1)
         print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)",
               flush=True)
+    return definition
+
+
+def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
+    from local import report
+    from pipeline import budget
+    from pipeline.config import load
+    from steps.platform import tracking
+
+    run_id, t0 = run_dir.name, time.monotonic()
+    definition = _definition(plan, run_dir, args)
     files.write_json(run_dir / RUN_FILE, {**asdict(plan), "run_id": run_id, "previous": None, "outcome": "running"})
     cfg = load(plan.config)[0]
     execution_config = check_params(plan.params, plan.config)
