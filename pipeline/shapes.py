@@ -98,8 +98,9 @@ def _category_ranges(major: str) -> str:
 def _class_body(name: str) -> str:
     if name in _POSIX:
         return _POSIX[name]
-    if len(name) == 1 and name in "LMNPSZC":
-        return _category_ranges(name)
+    # A general category (L) or one of its subcategories (Cc: control characters, since botocore 1.44.18).
+    if name[0] in "LMNPSZC" and len(name) <= 2 and (body := _category_ranges(name)):
+        return body
     raise ValueError(f"unsupported regex property \\p{{{name}}}")
 
 

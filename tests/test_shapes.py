@@ -169,6 +169,11 @@ def test_every_model_pattern_compiles() -> None:
     assert tag.search("Équipe 42") and not tag.search("a;b")
     assert compile_pattern(r"^[\uD800\uDC00-\uDBFF\uDFFF]$").search("\U0001F600")
     assert compile_pattern(r"arn:[\p{Alnum}\-]+:lambda").search("arn:aws-cn:lambda")
+    # A subcategory (botocore 1.44.18's models use \p{Cc}, control characters): only that one.
+    control = compile_pattern(r"^[^\p{Cc}]*$")
+    assert control.search("tab-free text") and not control.search("bell\x07") and control.search("Ünïcode")
+    with pytest.raises(ValueError, match=r"unsupported regex property \\p\{Cx\}"):
+        compile_pattern(r"\p{Cx}")
 
 
 def test_constraints_are_enumerated_and_stable() -> None:
