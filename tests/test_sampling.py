@@ -5,7 +5,7 @@ import pytest
 
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import Group, GroupSampler, Rollout, collect_step, derived_seed
-from steps.dapo.schedule import Policy
+from steps.dapo.schedule import Overlap, Policy, overlap_pays
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
 from steps.gsm8k.task import GSM8K, Gsm8k
@@ -163,3 +163,55 @@ def test_a_grading_error_is_a_bug_not_a_failed_sample():
     with pytest.raises(KeyError, match="grader bug"):
         sampler(BrokenGrader()).launch(client, [0], seed=None).result()
     assert client.calls == 2  # one request: the grading error was not retried as a failed sample
+
+
+# -- the default's choices: generation batches in flight, and whether to sample ahead -------------------------
+@pytest.mark.parametrize(
+    "need,in_flight,rate,budget,expected",
+    [
+        (32, 0, 1.0, 10, 1),  # everything kept so far: one batch
+        (32, 0, 0.2, 10, 5),  # a fifth kept: the five batches the step needs, all at once (no fixed cap of 4)
+        (32, 0, 0.15, 10, 7),  # ceil(32 / 4.8): enough to be expected to fill it
+        (32, 0, 0.1, 6, 6),  # ... never past max_num_gen_batches' budget
+        (32, 3, 0.2, 10, 2),  # three in flight cover 19 of the 32
+        (10, 0, 0.5, 10, 1),  # one batch is expected to bring 16
+    ],
+)
+def test_auto_inflight_launches_what_the_keep_rate_says_the_step_needs(need, in_flight, rate, budget, expected):
+    assert Policy().max_inflight_gen_batches is None  # the product's default: auto
+    assert Policy().batches_to_launch(need, in_flight, 32, rate, budget) == expected
+
+
+@pytest.mark.parametrize(
+    "sampling,training,overlapped,pays",
+    [
+        (13.0, 12.0, 13.5, True),  # separate GPUs, balanced: the overlapped step takes about max(S, T)
+        (30.0, 3.0, 30.5, True),  # a short training hidden under the sampling: 8% saved
+        (13.0, 12.0, 25.5, False),  # shared GPUs: training pauses decoding, the step takes S + T anyway
+        (30.0, 3.0, 32.0, False),  # saves under MIN_OVERLAP_GAIN: not worth groups one step old
+        (0.0, 0.0, 0.0, False),
+    ],
+)
+def test_overlap_pays_only_when_the_probe_step_was_clearly_shorter(sampling, training, overlapped, pays):
+    assert overlap_pays(sampling, training, overlapped) is pays
+
+
+@pytest.mark.parametrize("overlapped,verdict", [(13.0, True), (25.0, False)])
+def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict(overlapped, verdict):
+    auto, last = Policy(), 10
+    o = Overlap()
+    assert not auto.sample_ahead(1, last, o)  # step 1 samples and trains alone: nothing measured yet
+    o = o.sampled(13.0).trained(12.0, ahead=False)
+    o = o.sampled(13.0)  # step 2's sampling, alone
+    assert auto.sample_ahead(2, last, o)  # the probe: step 2 trains while step 3 samples
+    o = o.trained(overlapped, ahead=True)
+    assert o.verdict is verdict
+    assert all(auto.sample_ahead(u, last, o) is verdict for u in range(3, last))
+    assert not auto.sample_ahead(last, last, o)  # nothing to sample after the last step
+
+
+def test_a_fixed_max_steps_off_policy_needs_no_probe():
+    o = Overlap()
+    assert all(Policy(max_steps_off_policy=1).sample_ahead(u, 4, o) for u in (1, 2, 3))
+    assert not any(Policy(max_steps_off_policy=0).sample_ahead(u, 4, o.sampled(1).trained(1, False)) for u in (1, 2))
+    assert o.trained(5.0, ahead=True) == o  # sampling ahead unmeasured decides nothing

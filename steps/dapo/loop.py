@@ -14,6 +14,7 @@ waited on, the overlap of one step with the next, from its :class:`~steps.dapo.s
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -83,6 +84,7 @@ class Trainer:
     policy: Policy | None = None  # how much overlaps; None: the config's (steps/dapo/schedule.py)
     on_batch: Callable[[int, StepBatch], None] | None = None  # sees each step's batch once sampled (make bench)
     meter: TokenMeter = field(default_factory=TokenMeter)  # the billable tokens sent and received so far
+    clock: Callable[[], float] = time.monotonic  # the service's time (make bench: the simulated clock)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -101,7 +103,8 @@ class Trainer:
         if state.stopped_early:  # a restart after a clean stop: nothing left to do
             return Outcome(state, None)
         sampler = self._sampler(state.step, self._save_weights(state.step).result())
-        schedule = Schedule(self.policy, total_steps(self.cfg, len(self.train_examples)), self.checkpoint_dir)
+        schedule = Schedule(self.policy, total_steps(self.cfg, len(self.train_examples)), self.checkpoint_dir,
+                            now=self.clock)
         evaluated: tuple[int, EvalResult] | None = None
         with schedule.salvaging():
             while state.step < schedule.n_steps:
@@ -148,7 +151,8 @@ class Trainer:
         health["sampler_kl"] = sampler_kl(samples, drawn_by(batch.kept, state.step), fb_out.loss_fn_outputs)
         with schedule.untimed():
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
-                                                         dropped), **health, **self.meter.figures()})
+                                                         dropped), **health, **self.meter.figures(),
+                              "sampled_ahead": int(filled.ahead)})
         # save: written once its save_state is done, behind the next step's sampling
         if save:
             schedule.checkpoint(submitted, trained)

@@ -9,6 +9,11 @@ The loop (steps/dapo/loop.py) says what a step does; a :class:`Schedule` says wh
   the step trained from (as verl's one-step-off-policy recipe and tinker-cookbook's async mode do).
   Each group carries the step of the weights that sampled it; the train line logs how many steps
   off-policy a step trained, and no group is trained more than ``OFF_POLICY_LIMIT`` steps off-policy.
+- With ``max_steps_off_policy: null`` (auto, the default) the run measures whether that overlap pays
+  (:class:`Overlap`): step 1 and 2 sample and train one after the other, step 2 trains while step 3
+  samples (the probe), and from then on the run samples ahead only if the probe step took at least
+  ``MIN_OVERLAP_GAIN`` less than sampling and training one after the other. On GPUs that sampler and
+  trainer share, training pauses decoding and the overlap cannot pay: the run stays on-policy.
 - A step's seconds leave evaluation out.
 
 How much runs at once is :class:`Policy`'s: one small piece to replace when that choice changes.
@@ -36,6 +41,46 @@ log = logging.getLogger(__name__)
 #: groups one step old, and the ones it would carry two: those are dropped. The PPO ratio against the
 #: sampler's logprobs (and its clip) is what makes a step-old group safe to train on.
 OFF_POLICY_LIMIT = 1
+#: The least share of an on-policy step that sampling ahead must save to be kept (auto): below it the speed
+#: is not worth the staleness (groups one step old, the surplus dropped). Above the step-to-step noise of
+#: an on-policy step's sampling on shared GPUs, where the overlap saves nothing; below the smallest saving
+#: ``make bench`` measures on separate GPUs (training x0.25 at 20% keep: about 9%).
+MIN_OVERLAP_GAIN = 0.05
+
+
+def overlap_pays(sampling_s: float, training_s: float, overlapped_s: float) -> bool:
+    """Whether a step that trained while the next one sampled (``overlapped_s``: from its update's submit
+    to both done) took at least ``MIN_OVERLAP_GAIN`` less than an on-policy step's sampling and training
+    (``sampling_s``, ``training_s``: the last ones waited on alone) one after the other."""
+    alone = sampling_s + training_s
+    return alone > 0 and overlapped_s <= (1 - MIN_OVERLAP_GAIN) * alone
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """The auto decision's evidence (``max_steps_off_policy: null``): the last on-policy sampling and the
+    last training waited on alone, in the run's clock's seconds; ``verdict`` once a probe step has run."""
+
+    sampling_s: float | None = None
+    training_s: float | None = None
+    verdict: bool | None = None
+
+    def sample_ahead(self) -> bool:
+        """Sample the next step ahead: the verdict, or the probe once both figures are measured."""
+        if self.verdict is not None:
+            return self.verdict
+        return self.sampling_s is not None and self.training_s is not None
+
+    def sampled(self, seconds: float) -> "Overlap":
+        return replace(self, sampling_s=seconds)
+
+    def trained(self, seconds: float, ahead: bool) -> "Overlap":
+        """After a step's update: alone, its training time; the probe (the first step sampled ahead), the verdict."""
+        if not ahead:
+            return replace(self, training_s=seconds)
+        if self.verdict is None and self.sample_ahead():  # (a fixed max_steps_off_policy samples ahead unmeasured)
+            return replace(self, verdict=overlap_pays(self.sampling_s, self.training_s, seconds))
+        return self
 
 
 @dataclass(frozen=True)
@@ -43,8 +88,8 @@ class Policy:
     """How much runs at once. :meth:`from_config` is the product's; the two switches exist for
     ``make bench``'s sequential baseline (the loop before any overlap)."""
 
-    max_inflight_gen_batches: int = 4
-    max_steps_off_policy: int = 0
+    max_inflight_gen_batches: int | None = None  # None: as many as the keep rate says the step needs
+    max_steps_off_policy: int | None = None  # None: auto, measured (:class:`Overlap`)
     carry_surplus: bool = True  # False: kept groups beyond batch_size are dropped, not trained next step
     save_behind: bool = True  # False: a checkpoint's save_state is awaited before the next step samples
 
@@ -56,19 +101,26 @@ class Policy:
         """How many new generation batches to start now.
 
         Enough that, at the observed keep rate, the batches in flight are expected to fill the
-        remaining ``need``, within ``max_inflight_gen_batches`` and the cap's ``budget``; at least
-        one when nothing is in flight and groups are still needed.
+        remaining ``need``, within the cap's ``budget`` (and ``max_inflight_gen_batches`` when set);
+        at least one when nothing is in flight and groups are still needed. All of them at once:
+        a batch started after the others return adds a whole round, the tail of its longest sequence.
         """
         if need <= 0 or budget <= 0:
             return 0
         expected_per_batch = max(keep_rate, 1e-3) * batch_size
         wanted = math.ceil(need / expected_per_batch) - in_flight
+        limit = self.max_inflight_gen_batches
+        cap = budget if limit is None else min(budget, limit - in_flight)
         floor = 1 if in_flight == 0 else 0
-        return max(floor, min(wanted, self.max_inflight_gen_batches - in_flight, budget))
+        return max(floor, min(wanted, cap))
 
-    def sample_ahead(self, update: int, n_steps: int) -> bool:
+    def sample_ahead(self, update: int, n_steps: int, overlap: Overlap) -> bool:
         """Whether the step after optimizer step ``update`` samples while ``update`` trains."""
-        return bool(self.max_steps_off_policy) and update < n_steps
+        if update >= n_steps:
+            return False
+        if self.max_steps_off_policy is None:
+            return overlap.sample_ahead()
+        return bool(self.max_steps_off_policy)
 
 
 @dataclass(frozen=True)
@@ -77,6 +129,7 @@ class Filled:
 
     batch: StepBatch
     state: LoopState
+    ahead: bool = False  # sampled while the previous step trained
 
 
 @dataclass(frozen=True)
@@ -127,12 +180,22 @@ class Schedule:
     checkpoint_dir: Path
     ahead: Filled | None = None  # the next step's batch, sampled while this one trained
     pending: PendingCheckpoint | None = None  # its save_state runs while the next step samples
-    clock: float = field(default_factory=time.monotonic)
+    now: Callable[[], float] = time.monotonic  # the service's time as the loop sees it (make bench: simulated)
+    overlap: Overlap = field(default_factory=Overlap)  # the auto decision's evidence
+    clock: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.clock = self.now()
 
     def sampled(self, fill: Callable[[], Filled]) -> Filled:
-        """The next step's batch: the one sampled ahead, or ``fill()`` now. Then the previous checkpoint,
-        whose save ran meanwhile, is written (or the step fails here, before training on)."""
-        filled, self.ahead = self.ahead or fill(), None
+        """The next step's batch: the one sampled ahead, or ``fill()`` now (timed, for the auto overlap).
+        Then the previous checkpoint, whose save ran meanwhile, is written (or the step fails here, before
+        training on)."""
+        filled, self.ahead = self.ahead, None
+        if filled is None:
+            start = self.now()
+            filled = fill()
+            self.overlap = self.overlap.sampled(self.now() - start)
         if self.pending:
             filled = replace(filled, state=filled.state.with_saved_state(self.pending.write(self.checkpoint_dir)))
             self.pending = None
@@ -157,9 +220,15 @@ class Schedule:
         update trains, on the weights sampling now: one step older than the ones it will be trained
         from. The loop waits on one thread only, so a service can tell its waits from its work.
         """
-        if self.policy.sample_ahead(step, self.n_steps):
-            self.ahead = fill_next()
-        return update.result()
+        ahead, start = self.policy.sample_ahead(step, self.n_steps, self.overlap), self.now()
+        if ahead:
+            self.ahead = replace(fill_next(), ahead=True)
+        result, seconds, probed = update.result(), self.now() - start, self.overlap
+        self.overlap = probed.trained(seconds, ahead)
+        if probed.verdict is None and self.overlap.verdict is not None:
+            log.info("overlap: sampling %.2fs + training %.2fs alone, %.2fs overlapped: %s", probed.sampling_s,
+                     probed.training_s, seconds, "sampling ahead" if self.overlap.verdict else "on-policy from now on")
+        return result
 
     def checkpoint(self, update: Update, state: LoopState) -> None:
         """Checkpoint ``state``, whose save_state was queued with ``update``: written after the next
@@ -180,7 +249,7 @@ class Schedule:
 
     def lap(self) -> float:
         """Seconds of the step so far: since the previous step's record, or the evaluation after it."""
-        return time.monotonic() - self.clock
+        return self.now() - self.clock
 
     @contextmanager
     def untimed(self) -> Iterator[None]:
@@ -188,7 +257,7 @@ class Schedule:
         try:
             yield
         finally:
-            self.clock = time.monotonic()
+            self.clock = self.now()
 
     @contextmanager
     def salvaging(self) -> Iterator[None]:
