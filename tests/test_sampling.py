@@ -5,7 +5,7 @@ import pytest
 
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import Group, GroupSampler, Rollout, collect_step, derived_seed
-from steps.dapo.schedule import Overlap, Policy, overlap_pays
+from steps.dapo.schedule import SPARE_SD, Overlap, Policy, batches_for, overlap_pays
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
 from steps.gsm8k.task import GSM8K, Gsm8k
@@ -97,19 +97,20 @@ def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
 
 
 @pytest.mark.parametrize(
-    "need,in_flight,rate,budget,max_inflight,expected",
+    "need,in_flight,rate,budget,max_inflight,fresh,expected",
     [
-        (4, 0, 1.0, 10, 4, 1),  # everything kept so far: one batch
-        (4, 0, 0.25, 10, 4, 4),  # a quarter kept: four at once
-        (4, 0, 0.25, 2, 4, 2),  # ... but never past the cap
-        (4, 1, 0.5, 10, 4, 1),  # one in flight covers half
-        (4, 2, 0.5, 10, 4, 0),  # two in flight cover it all
-        (0, 0, 0.5, 10, 4, 0),  # full
-        (4, 0, 0.0, 10, 2, 2),  # nothing kept yet: bounded by max_inflight
+        (4, 0, 1.0, 10, 4, True, 1),  # everything kept so far: one batch
+        (4, 0, 0.25, 10, 4, True, 4),  # a quarter kept: four at once (and a spare, but for the cap)
+        (4, 0, 0.25, 2, 4, True, 2),  # ... never past the budget
+        (4, 1, 0.5, 10, 4, False, 1),  # sampled ahead: only what the keep rate expects, one in flight covers half
+        (4, 2, 0.5, 10, 4, False, 0),  # ... two cover it all: no spare on weights about to be replaced
+        (1, 0, 0.5, 10, 4, False, 0),  # ... not even one: the spare waits for the newer weights
+        (0, 0, 0.5, 10, 4, True, 0),  # full
+        (4, 0, 0.0, 10, 2, True, 2),  # nothing kept yet: bounded by max_inflight
     ],
 )
-def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, expected):
-    assert inflight(max_inflight)(need, in_flight, 4, rate, budget) == expected
+def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, fresh, expected):
+    assert inflight(max_inflight)(need, in_flight, 4, rate, budget, fresh) == expected
 
 
 def test_derived_seeds_fit_the_apis_32_bit_integer():
@@ -167,19 +168,38 @@ def test_a_grading_error_is_a_bug_not_a_failed_sample():
 
 # -- the default's choices: generation batches in flight, and whether to sample ahead -------------------------
 @pytest.mark.parametrize(
-    "need,in_flight,rate,budget,expected",
+    "need,in_flight,rate,budget,fresh,expected",
     [
-        (32, 0, 1.0, 10, 1),  # everything kept so far: one batch
-        (32, 0, 0.2, 10, 5),  # a fifth kept: the five batches the step needs, all at once (no fixed cap of 4)
-        (32, 0, 0.15, 10, 7),  # ceil(32 / 4.8): enough to be expected to fill it
-        (32, 0, 0.1, 6, 6),  # ... never past max_num_gen_batches' budget
-        (32, 3, 0.2, 10, 2),  # three in flight cover 19 of the 32
-        (10, 0, 0.5, 10, 1),  # one batch is expected to bring 16
+        (32, 0, 1.0, 10, True, 1),  # everything kept so far: one batch
+        (32, 0, 0.2, 10, True, 7),  # a fifth kept: five expected, two spares (SPARE_SD), all at once; no cap of 4
+        (32, 0, 0.2, 10, False, 5),  # sampled ahead on weights about to be replaced: the five expected only
+        (32, 0, 0.1, 6, True, 6),  # never past max_num_gen_batches' budget
+        (32, 3, 0.2, 10, True, 4),  # three in flight count
+        (10, 0, 0.5, 10, True, 1),  # one batch brings 16 on average, 10 even two deviations short
     ],
 )
-def test_auto_inflight_launches_what_the_keep_rate_says_the_step_needs(need, in_flight, rate, budget, expected):
+def test_auto_inflight_launches_what_the_keep_rate_says_the_step_needs(need, in_flight, rate, budget, fresh,
+                                                                        expected):
     assert Policy().max_inflight_gen_batches is None  # the product's default: auto
-    assert Policy().batches_to_launch(need, in_flight, 32, rate, budget) == expected
+    assert Policy().batches_to_launch(need, in_flight, 32, rate, budget, fresh) == expected
+
+
+def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_carries_the_freshest():
+    """Before the overlapped update is done only the expected batches start; the spares start on its weights,
+    and the groups they bring are the ones carried (a carried group is one step older when trained)."""
+    batches = [[group(k, MIXED), group(k, WRONG)] for k in range(2)]  # half kept
+    newer = [[Group(k, (0,), group(k, MIXED).rollouts, sampler_step=1), group(k, WRONG)] for k in range(8)]
+    script = ScriptedBatches(batches + newer)
+    switched = []
+
+    def newer_weights():
+        switched.append(script.launched)
+
+    b = collect_step(script.launch, carry=[], batch_size=2, max_num_gen_batches=10,
+                     batches_to_launch=Policy().batches_to_launch, evidence=(1, 2), newer_weights=newer_weights)
+    assert switched == [2]  # the two expected batches (2 / (0.5 x 2)) started before the switch
+    assert script.launched == batches_for(2, 2, 0.5, SPARE_SD) == 6  # and the spares, on the newer weights
+    assert [g.sampler_step for g in b.kept] == [0, 0] and all(g.sampler_step == 1 for g in b.carry)
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,7 @@ class Trainer:
         cfg = self.cfg
         self.policy = self.policy or Policy.from_config(cfg)
         self.limits = guards.Limits.from_config(cfg)
+        self._latest: SamplerAt | None = None  # the last sampler made (a fill sampling ahead may make it first)
         self.sampler = GroupSampler(
             task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
@@ -143,7 +144,7 @@ class Trainer:
         submitted = self._submit_update(datums, update, save)
         carry, dropped = schedule.carried(batch.carry, update + 1)
         after = replace(filled.state, step=update, carry=carry)
-        fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler))
+        fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler, (update, submitted)))
         self.meter.trained(datums)  # forward_backward completed: its datums' tokens are billed
         new_sampler = self._sampler(update, weights)
         trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
@@ -158,14 +159,21 @@ class Trainer:
             schedule.checkpoint(submitted, trained)
         return trained, new_sampler
 
-    def _fill(self, state: LoopState, sampler: SamplerAt) -> Filled:
+    def _fill(self, state: LoopState, sampler: SamplerAt, overlapping: tuple[int, Update] | None = None) -> Filled:
         """Dynamic sampling for the step after ``state`` on ``sampler``'s weights; the state advances past
-        every generation batch drawn."""
+        every generation batch drawn. ``overlapping`` (sampling ahead): the optimizer step training meanwhile
+        and its update; batches started once it is done sample its weights."""
         cfg = self.cfg
         cursor = Cursor(state.position, state.gen_batches_drawn)
-        batch = collect_step(lambda: self._launch(sampler, cursor), state.carry, cfg.batch_size,
+        current = [sampler]
+
+        def newer_weights() -> None:
+            assert overlapping is not None
+            current[0] = self._sampler(overlapping[0], overlapping[1].result()[1])
+
+        batch = collect_step(lambda: self._launch(current[0], cursor), state.carry, cfg.batch_size,
                              cfg.max_num_gen_batches, self.policy.batches_to_launch,
-                             (state.kept_groups, state.sampled_groups))
+                             (state.kept_groups, state.sampled_groups), newer_weights if overlapping else None)
         return Filled(batch, replace(state, position=cursor.position, gen_batches_drawn=cursor.drawn,
                                      kept_groups=state.kept_groups + batch.informative,
                                      sampled_groups=state.sampled_groups + len(batch.sampled)))
@@ -199,10 +207,16 @@ class Trainer:
         return self.training_client.save_weights_for_sampler(description=f"dapo step {step}")
 
     def _sampler(self, step: int, saved: Any) -> SamplerAt:
-        """A SamplingClient on this session for the weights of ``step``, just saved."""
+        """A SamplingClient on this session for the weights of ``step``, just saved (the one a fill sampling
+        ahead already made for them, if it did)."""
         if not saved.model_package_arn:
             raise RuntimeError("save_weights_for_sampler returned no model package ARN; cannot sample the new weights")
-        return SamplerAt(step, self.training_client.create_sampling_client(model_package_arn=saved.model_package_arn))
+        latest = self._latest
+        if latest is None or latest.step != step or latest.client.model_package_arn != saved.model_package_arn:
+            latest = SamplerAt(step, self.training_client.create_sampling_client(
+                model_package_arn=saved.model_package_arn))
+            self._latest = latest
+        return latest
 
     def _watch(self, filled: Filled, health: dict[str, Any], update: int) -> tuple[Filled, guards.Trip | None]:
         """The guards' verdict on a step's sampled completions, their counts carried in the state. A step

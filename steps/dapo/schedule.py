@@ -46,6 +46,19 @@ OFF_POLICY_LIMIT = 1
 #: an on-policy step's sampling on shared GPUs, where the overlap saves nothing; below the smallest saving
 #: ``make bench`` measures on separate GPUs (training x0.25 at 20% keep: about 9%).
 MIN_OVERLAP_GAIN = 0.05
+#: Fresh generation batches (whose surplus is carried) cover a step's need unless the keep rate falls this many
+#: binomial standard deviations short: a step that comes up short waits a whole extra round.
+SPARE_SD = 2.0
+
+
+def batches_for(need: int, batch_size: int, keep_rate: float, spare_sd: float) -> int:
+    """The fewest generation batches whose kept groups, at ``keep_rate``, reach ``need`` even ``spare_sd``
+    standard deviations below their mean (each prompt's group kept or not, independently)."""
+    p = max(keep_rate, 1e-3)
+    n = max(1, math.ceil(need / (p * batch_size)))
+    while n * batch_size * p - spare_sd * math.sqrt(n * batch_size * p * (1 - p)) < need:
+        n += 1
+    return n
 
 
 def overlap_pays(sampling_s: float, training_s: float, overlapped_s: float) -> bool:
@@ -97,21 +110,27 @@ class Policy:
     def from_config(cls, cfg: DapoConfig) -> "Policy":
         return cls(cfg.max_inflight_gen_batches, cfg.max_steps_off_policy)
 
-    def batches_to_launch(self, need: int, in_flight: int, batch_size: int, keep_rate: float, budget: int) -> int:
-        """How many new generation batches to start now.
+    def batches_to_launch(self, need: int, in_flight: int, batch_size: int, keep_rate: float, budget: int,
+                          fresh: bool = True) -> int:
+        """How many new generation batches to start now, all at once: a batch started after the others
+        return adds a whole round, the tail of its longest sequence.
 
-        Enough that, at the observed keep rate, the batches in flight are expected to fill the
-        remaining ``need``, within the cap's ``budget`` (and ``max_inflight_gen_batches`` when set);
-        at least one when nothing is in flight and groups are still needed. All of them at once:
-        a batch started after the others return adds a whole round, the tail of its longest sequence.
+        ``fresh``: the surplus of a batch started now can be carried into the next step. Then enough
+        that the batches in flight fill the remaining ``need`` unless the keep rate falls ``SPARE_SD``
+        standard deviations short (:func:`batches_for`), at least one when nothing is in flight. Not
+        fresh (sampled ahead, before the update it overlaps is done: a carried group would be two steps
+        old and dropped), only the batches the keep rate expects the step to need. Within the cap's
+        ``budget``, and ``max_inflight_gen_batches`` when set.
         """
         if need <= 0 or budget <= 0:
             return 0
-        expected_per_batch = max(keep_rate, 1e-3) * batch_size
-        wanted = math.ceil(need / expected_per_batch) - in_flight
+        if fresh:
+            wanted = batches_for(need, batch_size, keep_rate, SPARE_SD) - in_flight
+        else:
+            wanted = round(need / (max(keep_rate, 1e-3) * batch_size)) - in_flight
         limit = self.max_inflight_gen_batches
         cap = budget if limit is None else min(budget, limit - in_flight)
-        floor = 1 if in_flight == 0 else 0
+        floor = 1 if in_flight == 0 and fresh else 0
         return max(floor, min(wanted, cap))
 
     def sample_ahead(self, update: int, n_steps: int, overlap: Overlap) -> bool:
