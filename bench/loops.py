@@ -37,11 +37,11 @@ samples and trains steps 3-8) and for a loop sampling ahead (it trains 3-8 and s
   one with shared GPUs), and the sampler's decode utilisation (tokens decoded / its throughput);
 * ``sampled/trained``: completion tokens sampled per completion token trained, over the
   window's samplings and trainings;
-* the critical path, priced by the scenario's own cost model: per step, ``S`` the sampler
-  decoding all of a step's sampled sequences at once, and ``T`` its forward_backward +
-  optim_step + save_weights_for_sampler. A sampling on-policy adds ``S`` to its interval; a
-  sampling ahead overlaps the interval's training: ``max(S, T)`` on separate GPUs, ``S + T``
-  on shared ones (training pauses decoding).
+* the critical path, priced by the scenario's own cost model (:func:`critical_s`): per step,
+  ``S`` the sampler decoding all of a step's sampled sequences at once, ``T`` its
+  forward_backward + optim_step + save_weights_for_sampler, and a checkpoint's save_state on
+  the trainer. On-policy ``S + T``; sampled ahead on separate GPUs ``max(S, T)``, summed over
+  the window's overlapped steps first (the busier pool); on shared GPUs ``S + T`` for any loop.
 """
 from __future__ import annotations
 
@@ -268,27 +268,27 @@ def balanced_window(ahead: Sequence[bool], n: int = WINDOW, first: int = FIRST_L
     raise RuntimeError(f"no balanced window of {n} steps in a run of {len(ahead)} (sampled ahead: {ahead})")
 
 
-def interval_s(alone: float, ahead: float, save: float, T: float, shared_gpus: bool) -> float:
-    """The least time of one interval: its on-policy sampling (``alone``), then its training ``T``; the
-    previous checkpoint's ``save`` is trainer work queued ahead of ``T`` (it can hide under the sampling),
-    and a sampling ``ahead`` overlaps the trainer. Shared GPUs overlap nothing: training pauses decoding."""
-    if shared_gpus:
-        return alone + ahead + save + T
-    if not alone:
-        return max(ahead, save + T)
-    return max(alone, save) + max(T, ahead)
-
-
 def critical_s(steps: Sequence[dict], window: dict[str, Any], shared_gpus: bool) -> float:
-    """The window's critical path: the sum of its intervals' (:func:`interval_s`)."""
+    """The window's critical path. Each interval's trainer work is its training ``T`` and the previous
+    checkpoint's save_state (queued ahead of ``T``). An on-policy sampling precedes its interval's training,
+    the save can hide under it: ``max(S, save) + T``. Sampled ahead, the sampler and the trainer work at
+    once, and a step's work may spill into the next interval: the busier pool over those intervals,
+    ``max(sum S, sum save + T)``. Shared GPUs overlap nothing (training pauses decoding): every second adds."""
     by_step = {r["step"]: r for r in steps}
-    total = 0.0
+    on_policy = sampler = trainer = 0.0
     for i in window["trained"]:
         inside = [by_step[s] for s in window["sampled"] if interval(s, by_step[s]["sampled_ahead"]) == i]
         ahead = sum(r["sampling_s"] for r in inside if r["sampled_ahead"])
         alone = sum(r["sampling_s"] for r in inside if not r["sampled_ahead"])
-        total += interval_s(alone, ahead, by_step[i - 1]["save_state_s"], by_step[i]["training_s"], shared_gpus)
-    return total
+        save, T = by_step[i - 1]["save_state_s"], by_step[i]["training_s"]
+        if shared_gpus:
+            on_policy += alone + ahead + save + T
+        elif any(r["sampled_ahead"] for r in inside):
+            on_policy += alone
+            sampler, trainer = sampler + ahead, trainer + save + T
+        else:
+            on_policy += max(alone, save) + T
+    return on_policy + max(sampler, trainer)
 
 
 def summarise(steps: list[dict], window: dict[str, Any], usage: dict[int, dict[str, float]],

@@ -104,7 +104,7 @@ def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
         (4, 0, 0.25, 2, 4, True, 2),  # ... never past the budget
         (4, 1, 0.5, 10, 4, False, 1),  # sampled ahead: only what the keep rate expects, one in flight covers half
         (4, 2, 0.5, 10, 4, False, 0),  # ... two cover it all: no spare on weights about to be replaced
-        (1, 0, 0.5, 10, 4, False, 0),  # ... not even one: the spare waits for the newer weights
+        (1, 0, 0.5, 10, 4, False, 1),  # ... half a batch expected, but nothing in flight: one now, not after a wait
         (0, 0, 0.5, 10, 4, True, 0),  # full
         (4, 0, 0.0, 10, 2, True, 2),  # nothing kept yet: bounded by max_inflight
     ],
@@ -221,10 +221,10 @@ def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict
     auto, last = Policy(), 10
     o = Overlap()
     assert not auto.sample_ahead(1, last, o)  # step 1 samples and trains alone: nothing measured yet
-    o = o.sampled(13.0).trained(12.0, ahead=False)
+    o = o.sampled(13.0).trained(12.0, ahead=False, update_s=12.0)
     o = o.sampled(13.0)  # step 2's sampling, alone
     assert auto.sample_ahead(2, last, o)  # the probe: step 2 trains while step 3 samples
-    o = o.trained(overlapped, ahead=True)
+    o = o.trained(overlapped, ahead=True, update_s=12.0)
     assert o.verdict is verdict
     assert all(auto.sample_ahead(u, last, o) is verdict for u in range(3, last))
     assert not auto.sample_ahead(last, last, o)  # nothing to sample after the last step
@@ -233,5 +233,6 @@ def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict
 def test_a_fixed_max_steps_off_policy_needs_no_probe():
     o = Overlap()
     assert all(Policy(max_steps_off_policy=1).sample_ahead(u, 4, o) for u in (1, 2, 3))
-    assert not any(Policy(max_steps_off_policy=0).sample_ahead(u, 4, o.sampled(1).trained(1, False)) for u in (1, 2))
-    assert o.trained(5.0, ahead=True) == o  # sampling ahead unmeasured decides nothing
+    measured = o.sampled(1).trained(1, False, 1)
+    assert not any(Policy(max_steps_off_policy=0).sample_ahead(u, 4, measured) for u in (1, 2))
+    assert o.trained(5.0, ahead=True, update_s=5.0) == o  # sampling ahead unmeasured decides nothing

@@ -144,7 +144,7 @@ class Trainer:
         submitted = self._submit_update(datums, update, save)
         carry, dropped = schedule.carried(batch.carry, update + 1)
         after = replace(filled.state, step=update, carry=carry)
-        fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler, (update, submitted)))
+        fb_out, weights = schedule.trained(submitted, update, lambda done: self._fill(after, sampler, (update, done)))
         self.meter.trained(datums)  # forward_backward completed: its datums' tokens are billed
         new_sampler = self._sampler(update, weights)
         trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
@@ -159,17 +159,18 @@ class Trainer:
             schedule.checkpoint(submitted, trained)
         return trained, new_sampler
 
-    def _fill(self, state: LoopState, sampler: SamplerAt, overlapping: tuple[int, Update] | None = None) -> Filled:
+    def _fill(self, state: LoopState, sampler: SamplerAt,
+              overlapping: tuple[int, Callable[[], tuple[Any, Any]]] | None = None) -> Filled:
         """Dynamic sampling for the step after ``state`` on ``sampler``'s weights; the state advances past
         every generation batch drawn. ``overlapping`` (sampling ahead): the optimizer step training meanwhile
-        and its update; batches started once it is done sample its weights."""
+        and the wait for its update; batches started once it is done sample its weights."""
         cfg = self.cfg
         cursor = Cursor(state.position, state.gen_batches_drawn)
         current = [sampler]
 
         def newer_weights() -> None:
             assert overlapping is not None
-            current[0] = self._sampler(overlapping[0], overlapping[1].result()[1])
+            current[0] = self._sampler(overlapping[0], overlapping[1]()[1])
 
         batch = collect_step(lambda: self._launch(current[0], cursor), state.carry, cfg.batch_size,
                              cfg.max_num_gen_batches, self.policy.batches_to_launch,

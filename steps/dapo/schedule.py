@@ -12,8 +12,9 @@ The loop (steps/dapo/loop.py) says what a step does; a :class:`Schedule` says wh
 - With ``max_steps_off_policy: null`` (auto, the default) the run measures whether that overlap pays
   (:class:`Overlap`): step 1 and 2 sample and train one after the other, step 2 trains while step 3
   samples (the probe), and from then on the run samples ahead only if the probe step took at least
-  ``MIN_OVERLAP_GAIN`` less than sampling and training one after the other. On GPUs that sampler and
-  trainer share, training pauses decoding and the overlap cannot pay: the run stays on-policy.
+  ``MIN_OVERLAP_GAIN`` less than step 2's sampling and its own training one after the other. On GPUs
+  that sampler and trainer share, training pauses decoding and the overlap cannot pay: the run goes
+  back on-policy.
 - A step's seconds leave evaluation out.
 
 How much runs at once is :class:`Policy`'s: one small piece to replace when that choice changes.
@@ -87,12 +88,15 @@ class Overlap:
     def sampled(self, seconds: float) -> "Overlap":
         return replace(self, sampling_s=seconds)
 
-    def trained(self, seconds: float, ahead: bool) -> "Overlap":
-        """After a step's update: alone, its training time; the probe (the first step sampled ahead), the verdict."""
+    def trained(self, seconds: float, ahead: bool, update_s: float) -> "Overlap":
+        """After a step's update (``seconds`` until it and any sampling ahead were done, ``update_s`` until
+        the update was): alone, its training time; the probe (the first step sampled ahead), the verdict.
+        The probe's own training time prices the on-policy step it is compared with: a step's training
+        varies with its tokens, and training runs at full speed with or without sampling beside it."""
         if not ahead:
             return replace(self, training_s=seconds)
         if self.verdict is None and self.sample_ahead():  # (a fixed max_steps_off_policy samples ahead unmeasured)
-            return replace(self, verdict=overlap_pays(self.sampling_s, self.training_s, seconds))
+            return replace(self, verdict=overlap_pays(self.sampling_s, update_s, seconds))
         return self
 
 
@@ -119,8 +123,8 @@ class Policy:
         that the batches in flight fill the remaining ``need`` unless the keep rate falls ``SPARE_SD``
         standard deviations short (:func:`batches_for`), at least one when nothing is in flight. Not
         fresh (sampled ahead, before the update it overlaps is done: a carried group would be two steps
-        old and dropped), only the batches the keep rate expects the step to need. Within the cap's
-        ``budget``, and ``max_inflight_gen_batches`` when set.
+        old and dropped), only the batches the keep rate expects the step to need, at least one when
+        nothing is in flight. Within the cap's ``budget``, and ``max_inflight_gen_batches`` when set.
         """
         if need <= 0 or budget <= 0:
             return 0
@@ -130,7 +134,7 @@ class Policy:
             wanted = round(need / (max(keep_rate, 1e-3) * batch_size)) - in_flight
         limit = self.max_inflight_gen_batches
         cap = budget if limit is None else min(budget, limit - in_flight)
-        floor = 1 if in_flight == 0 and fresh else 0
+        floor = 1 if in_flight == 0 else 0  # a step that needs groups samples now, not after a wait
         return max(floor, min(wanted, cap))
 
     def sample_ahead(self, update: int, n_steps: int, overlap: Overlap) -> bool:
@@ -232,21 +236,31 @@ class Schedule:
         fresh = tuple(g for g in groups if update - 1 - g.sampler_step <= OFF_POLICY_LIMIT)
         return fresh, len(groups) - len(fresh)
 
-    def trained(self, update: Update, step: int, fill_next: Callable[[], Filled]) -> tuple[Any, Any]:
+    def trained(self, update: Update, step: int,
+                fill_next: Callable[[Callable[[], tuple[Any, Any]]], Filled]) -> tuple[Any, Any]:
         """Wait for optimizer step ``step``'s ``update``: (forward_backward output, saved sampler weights).
 
-        When the policy samples ahead, ``fill_next()`` draws the next step's batch first, while the
-        update trains, on the weights sampling now: one step older than the ones it will be trained
-        from. The loop waits on one thread only, so a service can tell its waits from its work.
+        When the policy samples ahead, ``fill_next(update_done)`` draws the next step's batch first, while
+        the update trains, on the weights sampling now: one step older than the ones it will be trained
+        from (``update_done()`` waits for the update, for the fill to sample its weights once they exist).
+        The loop waits on one thread only, so a service can tell its waits from its work.
         """
         ahead, start = self.policy.sample_ahead(step, self.n_steps, self.overlap), self.now()
+        waited: list[float] = []  # until the update was done: its training, overlapped or not
+
+        def update_done() -> tuple[Any, Any]:
+            result = update.result()
+            if not waited:
+                waited.append(self.now() - start)
+            return result
+
         if ahead:
-            self.ahead = replace(fill_next(), ahead=True)
-        result, seconds, probed = update.result(), self.now() - start, self.overlap
-        self.overlap = probed.trained(seconds, ahead)
+            self.ahead = replace(fill_next(update_done), ahead=True)
+        result, seconds, probed = update_done(), self.now() - start, self.overlap
+        self.overlap = probed.trained(seconds, ahead, waited[0])
         if probed.verdict is None and self.overlap.verdict is not None:
-            log.info("overlap: sampling %.2fs + training %.2fs alone, %.2fs overlapped: %s", probed.sampling_s,
-                     probed.training_s, seconds, "sampling ahead" if self.overlap.verdict else "on-policy from now on")
+            log.info("overlap: sampling %.2fs alone, training %.2fs, %.2fs both overlapped: %s", probed.sampling_s,
+                     waited[0], seconds, "sampling ahead" if self.overlap.verdict else "on-policy from now on")
         return result
 
     def checkpoint(self, update: Update, state: LoopState) -> None:
