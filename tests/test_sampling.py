@@ -184,9 +184,9 @@ def test_auto_inflight_launches_what_the_keep_rate_says_the_step_needs(need, in_
     assert Policy().batches_to_launch(need, in_flight, 32, rate, budget, fresh) == expected
 
 
-def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_carries_the_freshest():
+def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_leaves_them_to_the_next_step():
     """Before the overlapped update is done only the expected batches start; the spares start on its weights,
-    and the groups they bring are the ones carried (a carried group is one step older when trained)."""
+    and a step full before they return leaves them running for the next step."""
     batches = [[group(k, MIXED), group(k, WRONG)] for k in range(2)]  # half kept
     newer = [[Group(k, (0,), group(k, MIXED).rollouts, sampler_step=1), group(k, WRONG)] for k in range(8)]
     script = ScriptedBatches(batches + newer)
@@ -199,7 +199,11 @@ def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_carries_the_f
                      batches_to_launch=Policy().batches_to_launch, evidence=(1, 2), newer_weights=newer_weights)
     assert switched == [2]  # the two expected batches (2 / (0.5 x 2)) started before the switch
     assert script.launched == batches_for(2, 2, 0.5, SPARE_SD) == 6  # and the spares, on the newer weights
-    assert [g.sampler_step for g in b.kept] == [0, 0] and all(g.sampler_step == 1 for g in b.carry)
+    assert [g.sampler_step for g in b.kept] == [0, 0]
+    assert len(b.in_flight) == 4  # full before they returned: they are the next step's, not waited on now
+    nxt = collect_step(script.launch, carry=b.carry, batch_size=2, max_num_gen_batches=10,
+                       batches_to_launch=Policy().batches_to_launch, evidence=(2, 4), in_flight=b.in_flight)
+    assert [g.sampler_step for g in nxt.kept] == [1, 1]  # the spares filled it (and it started spares of its own)
 
 
 @pytest.mark.parametrize(
@@ -216,15 +220,20 @@ def test_overlap_pays_only_when_the_probe_step_was_clearly_shorter(sampling, tra
     assert overlap_pays(sampling, training, overlapped) is pays
 
 
-@pytest.mark.parametrize("overlapped,verdict", [(13.0, True), (25.0, False)])
-def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict(overlapped, verdict):
+@pytest.mark.parametrize("overlapped,groups,verdict", [
+    (13.0, 32, True),  # separate GPUs: about max(S, T)
+    (25.0, 32, False),  # shared GPUs: S + T
+    (30.0, 64, True),  # twice the groups of the step before: priced at twice its sampling, 38 s on-policy
+])
+def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict(overlapped, groups, verdict):
     auto, last = Policy(), 10
     o = Overlap()
     assert not auto.sample_ahead(1, last, o)  # step 1 samples and trains alone: nothing measured yet
-    o = o.sampled(13.0).trained(12.0, ahead=False, update_s=12.0)
-    o = o.sampled(13.0)  # step 2's sampling, alone
+    o = o.sampled(13.0, 32).trained(12.0, ahead=False, update_s=12.0)
+    o = o.sampled(13.0, 32)  # step 2's sampling, alone
     assert auto.sample_ahead(2, last, o)  # the probe: step 2 trains while step 3 samples
-    o = o.trained(overlapped, ahead=True, update_s=12.0)
+    assert o.trained(5.0, ahead=True, update_s=5.0, groups=0) == o  # a probe that sampled nothing: probe again
+    o = o.trained(overlapped, ahead=True, update_s=12.0, groups=groups)
     assert o.verdict is verdict
     assert all(auto.sample_ahead(u, last, o) is verdict for u in range(3, last))
     assert not auto.sample_ahead(last, last, o)  # nothing to sample after the last step
@@ -233,6 +242,6 @@ def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict
 def test_a_fixed_max_steps_off_policy_needs_no_probe():
     o = Overlap()
     assert all(Policy(max_steps_off_policy=1).sample_ahead(u, 4, o) for u in (1, 2, 3))
-    measured = o.sampled(1).trained(1, False, 1)
+    measured = o.sampled(1, 8).trained(1, False, 1)
     assert not any(Policy(max_steps_off_policy=0).sample_ahead(u, 4, measured) for u in (1, 2))
-    assert o.trained(5.0, ahead=True, update_s=5.0) == o  # sampling ahead unmeasured decides nothing
+    assert o.trained(5.0, ahead=True, update_s=5.0, groups=8) == o  # sampling ahead unmeasured decides nothing

@@ -29,7 +29,7 @@ from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.dapo.metrics import MetricsLog, sampling_figures, train_figures
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import GenerationBatch, GroupSampler, StepBatch, collect_step
-from steps.dapo.schedule import Filled, PendingCheckpoint, Policy, Schedule, Update
+from steps.dapo.schedule import OFF_POLICY_LIMIT, Filled, PendingCheckpoint, Policy, Schedule, Update
 from steps.dapo.state import Cursor, LoopState
 from steps.dapo.task import Task
 from steps.platform.billing import TokenMeter
@@ -91,6 +91,7 @@ class Trainer:
         self.policy = self.policy or Policy.from_config(cfg)
         self.limits = guards.Limits.from_config(cfg)
         self._latest: SamplerAt | None = None  # the last sampler made (a fill sampling ahead may make it first)
+        self._in_flight: tuple[GenerationBatch, ...] = ()  # spares still running when the last step was full
         self.sampler = GroupSampler(
             task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
@@ -167,6 +168,8 @@ class Trainer:
         cfg = self.cfg
         cursor = Cursor(state.position, state.gen_batches_drawn)
         current = [sampler]
+        # The previous step's spares still running: theirs if not too stale for this step (else left to finish).
+        running = tuple(b for b in self._in_flight if state.step - b.sampler_step <= OFF_POLICY_LIMIT)
 
         def newer_weights() -> None:
             assert overlapping is not None
@@ -174,7 +177,9 @@ class Trainer:
 
         batch = collect_step(lambda: self._launch(current[0], cursor), state.carry, cfg.batch_size,
                              cfg.max_num_gen_batches, self.policy.batches_to_launch,
-                             (state.kept_groups, state.sampled_groups), newer_weights if overlapping else None)
+                             (state.kept_groups, state.sampled_groups), newer_weights if overlapping else None,
+                             running, spares=state.step + 1 < total_steps(cfg, len(self.train_examples)))
+        self._in_flight = batch.in_flight
         return Filled(batch, replace(state, position=cursor.position, gen_batches_drawn=cursor.drawn,
                                      kept_groups=state.kept_groups + batch.informative,
                                      sampled_groups=state.sampled_groups + len(batch.sampled)))

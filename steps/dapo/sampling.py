@@ -191,6 +191,7 @@ class StepBatch:
     empty_rollouts: int  # generation batches in which every request failed
     speculative: int  # batches started before the previous one returned
     hit_cap: bool
+    in_flight: tuple["GenerationBatch", ...] = ()  # spares still running once the step was full: the next step's
 
     @property
     def informative(self) -> int:
@@ -247,31 +248,39 @@ class Draws:
         kept = sorted(self.kept, key=lambda g: g.sampler_step)
         return StepBatch(kept=tuple(kept[:batch_size]), carry=tuple(kept[batch_size:]), sampled=tuple(self.sampled),
                          gen_batches=self.launched, failed_groups=self.failed, empty_rollouts=self.empty,
-                         speculative=self.speculative, hit_cap=len(kept) < batch_size)
+                         speculative=self.speculative, hit_cap=len(kept) < batch_size,
+                         in_flight=tuple(self.in_flight))
 
 
 def collect_step(launch: Callable[[], GenerationBatch], carry: Sequence[Group], batch_size: int,
                  max_num_gen_batches: int, batches_to_launch: BatchesToLaunch, evidence: tuple[int, int],
-                 newer_weights: Callable[[], None] | None = None) -> StepBatch:
+                 newer_weights: Callable[[], None] | None = None, in_flight: Sequence[GenerationBatch] = (),
+                 spares: bool = True) -> StepBatch:
     """Draw generation batches until ``batch_size`` groups are kept or ``max_num_gen_batches`` are drawn.
 
     ``evidence`` is (informative, sampled) groups of the run before this step: with this step's
     own, it is the keep rate from which ``batches_to_launch`` decides how many batches to start at once.
+    ``in_flight``: the previous step's spares, still running; the step's own still running once it is
+    full are returned the same way (``StepBatch.in_flight``), so a spare never delays a step.
     ``newer_weights`` (sampling ahead): waits until the update this step overlaps is done and makes
     ``launch`` sample its weights. Before it, only the batches the step is expected to need are
     started (a surplus sampled on the older weights would be too stale to carry); it is called
-    before the first wait, and the spare batches are started on the newer weights.
+    before the first wait, and the spares are started on the newer weights. ``spares``: whether a
+    surplus can be carried at all (not in a run's last step).
     """
-    draws, fresh = Draws(tuple(carry), evidence), newer_weights is None
+    draws = Draws(tuple(carry), evidence, in_flight=deque(in_flight))
+    fresh = newer_weights is None
     while True:
         need = batch_size - len(draws.kept)
+        if need <= 0:
+            return draws.step_batch(batch_size)
         n = batches_to_launch(need, len(draws.in_flight), batch_size, draws.keep_rate(),
-                              max_num_gen_batches - draws.launched, fresh)
+                              max_num_gen_batches - draws.launched, fresh and spares)
         draws.speculative += max(0, n - (0 if draws.in_flight else 1))
         for _ in range(n):
             draws.in_flight.append(launch())
             draws.launched += 1
-        if not fresh and (draws.in_flight or need > 0):
+        if not fresh:
             newer_weights()  # type: ignore[misc]
             fresh = True
             continue

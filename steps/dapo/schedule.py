@@ -64,18 +64,20 @@ def batches_for(need: int, batch_size: int, keep_rate: float, spare_sd: float) -
 
 def overlap_pays(sampling_s: float, training_s: float, overlapped_s: float) -> bool:
     """Whether a step that trained while the next one sampled (``overlapped_s``: from its update's submit
-    to both done) took at least ``MIN_OVERLAP_GAIN`` less than an on-policy step's sampling and training
-    (``sampling_s``, ``training_s``: the last ones waited on alone) one after the other."""
+    to both done) took at least ``MIN_OVERLAP_GAIN`` less than sampling (``sampling_s``, priced for the same
+    work) and training (``training_s``) one after the other."""
     alone = sampling_s + training_s
     return alone > 0 and overlapped_s <= (1 - MIN_OVERLAP_GAIN) * alone
 
 
 @dataclass(frozen=True)
 class Overlap:
-    """The auto decision's evidence (``max_steps_off_policy: null``): the last on-policy sampling and the
-    last training waited on alone, in the run's clock's seconds; ``verdict`` once a probe step has run."""
+    """The auto decision's evidence (``max_steps_off_policy: null``): the last on-policy sampling (its seconds
+    on the run's clock and the groups it sampled) and the last training waited on alone; ``verdict`` once a
+    probe step has run."""
 
     sampling_s: float | None = None
+    sampled_groups: int = 0
     training_s: float | None = None
     verdict: bool | None = None
 
@@ -85,18 +87,23 @@ class Overlap:
             return self.verdict
         return self.sampling_s is not None and self.training_s is not None
 
-    def sampled(self, seconds: float) -> "Overlap":
-        return replace(self, sampling_s=seconds)
+    def sampled(self, seconds: float, groups: int) -> "Overlap":
+        """An on-policy fill; one that sampled nothing (carried groups filled it) says nothing."""
+        return replace(self, sampling_s=seconds, sampled_groups=groups) if groups else self
 
-    def trained(self, seconds: float, ahead: bool, update_s: float) -> "Overlap":
-        """After a step's update (``seconds`` until it and any sampling ahead were done, ``update_s`` until
-        the update was): alone, its training time; the probe (the first step sampled ahead), the verdict.
-        The probe's own training time prices the on-policy step it is compared with: a step's training
-        varies with its tokens, and training runs at full speed with or without sampling beside it."""
+    def trained(self, seconds: float, ahead: bool, update_s: float, groups: int = 0) -> "Overlap":
+        """After a step's update (``seconds`` until it and any sampling ahead, of ``groups``, were done,
+        ``update_s`` until the update was): alone, its training time; the probe (the first step sampled
+        ahead that sampled something), the verdict. The on-policy step it is compared with is priced for
+        the probe's own work: its training time (training runs at full speed, sampling beside it or not),
+        and the last on-policy sampling scaled to the groups it sampled (a step's sampling varies with its
+        generation batches far more than the overlap saves when training is short)."""
         if not ahead:
             return replace(self, training_s=seconds)
-        if self.verdict is None and self.sample_ahead():  # (a fixed max_steps_off_policy samples ahead unmeasured)
-            return replace(self, verdict=overlap_pays(self.sampling_s, update_s, seconds))
+        if self.verdict is None and self.sample_ahead() and groups:  # (a fixed max_steps_off_policy: unmeasured)
+            assert self.sampling_s is not None
+            priced = self.sampling_s * groups / self.sampled_groups
+            return replace(self, verdict=overlap_pays(priced, update_s, seconds))
         return self
 
 
@@ -218,7 +225,7 @@ class Schedule:
         if filled is None:
             start = self.now()
             filled = fill()
-            self.overlap = self.overlap.sampled(self.now() - start)
+            self.overlap = self.overlap.sampled(self.now() - start, len(filled.batch.sampled))
         if self.pending:
             filled = replace(filled, state=filled.state.with_saved_state(self.pending.write(self.checkpoint_dir)))
             self.pending = None
@@ -257,10 +264,12 @@ class Schedule:
         if ahead:
             self.ahead = replace(fill_next(update_done), ahead=True)
         result, seconds, probed = update_done(), self.now() - start, self.overlap
-        self.overlap = probed.trained(seconds, ahead, waited[0])
+        groups = len(self.ahead.batch.sampled) if ahead and self.ahead else 0
+        self.overlap = probed.trained(seconds, ahead, waited[0], groups)
         if probed.verdict is None and self.overlap.verdict is not None:
-            log.info("overlap: sampling %.2fs alone, training %.2fs, %.2fs both overlapped: %s", probed.sampling_s,
-                     waited[0], seconds, "sampling ahead" if self.overlap.verdict else "on-policy from now on")
+            log.info("overlap: sampling %.2fs alone (%d groups), training %.2fs, %.2fs both overlapped (%d groups): "
+                     "%s", probed.sampling_s, probed.sampled_groups, waited[0], seconds, groups,
+                     "sampling ahead" if self.overlap.verdict else "on-policy from now on")
         return result
 
     def checkpoint(self, update: Update, state: LoopState) -> None:
