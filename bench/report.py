@@ -141,18 +141,19 @@ def targets_section(results: dict) -> str:
 
 
 def choices_section(results: dict) -> str:
-    """What the default did in each scenario: sampled ahead or not, and how many batches in flight."""
+    """What the default did in each scenario: sampled ahead or not, how many batches, against pipelined."""
     rows = []
     for sc in scenarios(results):
         for k in keeps(results):
-            r = find(results, sc["name"], "default", k)
-            s, probe = r["summary"], r["steps"][2]
-            rows.append((sc["name"], keep(r), "sample ahead" if s["sampled_ahead"] else "on-policy",
-                         f"{probe['step_s']:.1f}", s["gen_batches_mean"], s["stale_groups_dropped"]))
+            d = find(results, sc["name"], "default", k)["summary"]
+            p = find(results, sc["name"], "pipelined", k)["summary"]
+            rows.append((sc["name"], f"{k:.0%}", "sample ahead" if d["sampled_ahead"] else "on-policy",
+                         d["gen_batches_mean"], d["stale_groups_dropped"], d["step_s"], p["step_s"],
+                         d["step_s"] / p["step_s"]))
     return "\n\n".join([
         "### What the default chose (`max_steps_off_policy: null`, `max_inflight_gen_batches: null`)",
-        table(("scenario", "keep", "after the probe (step 2 trains while step 3 samples)", "probe step s",
-               "gen batches per step", "stale groups dropped in the window"), rows),
+        table(("scenario", "keep", "after the probe", "gen batches per step", "stale groups dropped",
+               "default step s", "pipelined step s", "default / pipelined"), rows),
     ])
 
 
