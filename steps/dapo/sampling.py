@@ -15,7 +15,8 @@ that are carried into the next step. When the keep rate seen so far says one
 more batch will not fill the step, further batches are started before the
 current one returns (how many is the scheduling policy's choice, steps/dapo/schedule.py):
 an over-shoot's surplus is carried, which is cheaper than an extra sequential round trip
-(``make bench``).
+(``make bench``). Batches still in flight once the step is full are not waited for: they
+are the next step's first.
 """
 from __future__ import annotations
 
