@@ -1,8 +1,9 @@
 """``make bench`` (``python -m bench``): measure, write bench/results.json, refresh bench/README.md and README.md.
 
-The training loops run against the local service's cost model (``bench/loops.py``), so
-their figures are simulated GPU seconds of a ~30B model's service, read as ratios; the
-client-side figures (overhead, tracking, validation) are this machine's own.
+The training loops run against the local service's cost model in a matrix of cost scenarios
+(``bench/loops.py``), so their figures are simulated GPU seconds of a ~30B model's service, read
+as ratios; the client-side figures (overhead, tracking, validation) are this machine's own. The
+scenarios vary the base costs: the service's defaults, or what ``LOCAL_TS_COST_*`` sets.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,27 +21,34 @@ from bench import loops, overhead, parity, report, tracking, validation
 from bench.service import local_service
 from local.toy_data import write_split
 from local.training_session.toy.tokenizer import HF_FILES
-from steps.config import DapoConfig, load_config
+from steps.config import load_config
 from steps.gsm8k.data import load_examples
 from steps.platform.session import service_client
 from steps.platform.tokenizer import load_tokenizer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LOOP_SPECS = [loops.LoopSpec(loop, keep) for keep in loops.KEEP_RATES for loop in loops.LOOPS]
-# Keep what pays: the default loop with fewer and more speculative generation batches in flight.
-SPECULATION_SPECS = [loops.LoopSpec("default", keep, inflight=n) for keep in (0.5, 0.2) for n in (1, 2, 8)]
+LOOP_SPECS = [loops.LoopSpec(loop, keep, sc.name) for sc in loops.SCENARIOS for keep in loops.KEEP_RATES
+              for loop in loops.LOOPS]
 
 
 def measure_loops(tokenizer: Any) -> dict[str, Any]:
+    base = loops.base_costs()
     with tempfile.TemporaryDirectory() as tmp, local_service() as service:
         train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
         train, evaluation = load_examples(train_path), load_examples(eval_path)
         client = service_client(load_config(loops.LOCAL_CONFIG).session)
-        runs = loops.run_all(LOOP_SPECS + SPECULATION_SPECS, service, client, tokenizer, train)
+        runs = loops.run_all(LOOP_SPECS, service, client, tokenizer, train, base)
         learned = parity.measure(client, tokenizer, train, evaluation)
-    return {"costs": loops.COSTS.to_dict(), "default_inflight": DapoConfig().max_inflight_gen_batches, "runs": runs,
-            "parity": learned}
+    scenarios = [{"name": sc.name, "what": sc.what, "costs": sc.costs(base).to_dict(),
+                  "changed": {k: v for k, v in sc.costs(base).to_dict().items() if v != base.to_dict()[k]}}
+                 for sc in loops.SCENARIOS]
+    return {"base_costs": base.to_dict(), "scenarios": scenarios, "runs": runs, "parity": learned}
+
+
+def window_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's step rows of its window's trainings."""
+    return [s for s in run["steps"] if s["step"] in run["window"]["trained"]]
 
 
 def main() -> int:
@@ -53,8 +62,8 @@ def main() -> int:
     tokenizer = load_tokenizer(None, None, HF_FILES)
     measured = measure_loops(tokenizer)
     default = {r["spec"]["keep"]: r for r in measured["runs"]
-               if r["spec"]["loop"] == "default" and r["spec"]["inflight"] is None}
-    oh["step_fraction"] = {f"{keep:.0%}": overhead.step_fraction(oh, r["steps"][1:], r["spec"]["group_size"],
+               if r["spec"]["loop"] == "default" and r["spec"]["scenario"] == "defaults"}
+    oh["step_fraction"] = {f"{keep:.0%}": overhead.step_fraction(oh, window_steps(r), r["spec"]["group_size"],
                                                                  r["spec"]["batch_size"])
                            for keep, r in default.items()}
     # MLflow tracking against the shortest step measured (the default loop at 100% keep, simulated seconds).
@@ -74,6 +83,11 @@ def main() -> int:
     }
     results["bench_seconds"] = time.monotonic() - t0
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    return render(results)
+
+
+def render(results: dict[str, Any]) -> int:
+    """The plot and the tables of the READMEs, from ``results``."""
     report.plot_loops(results, HERE / "loops.png")
     report.update_readme(HERE / "README.md", report.render(results))
     report.update_readme(ROOT / "README.md", report.render_summary(results))
@@ -84,4 +98,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # --render: the plot and the README tables again from bench/results.json, measuring nothing.
+    if sys.argv[1:] == ["--render"]:
+        raise SystemExit(render(json.loads((HERE / "results.json").read_text(encoding="utf-8"))))
     raise SystemExit(main())

@@ -1,34 +1,47 @@
-"""Three training loops under the local service's cost model, side by side.
+"""Three training loops under the local service's cost model, side by side, in a matrix of cost scenarios.
 
 * ``sequential``: the loop of the original DAPO change (verl's recipe): one generation
   batch at a time, the surplus of the last one discarded, each checkpoint's
   ``save_state`` awaited before the next step. Built here from the project's own
   ``Trainer`` with a scheduling policy that undoes three of its choices (:func:`policy`),
   so the three loops differ only in the loop.
-* ``default``: this project's loop: every request of a generation batch in flight at
-  once, surplus carried, speculative generation batches, checkpoints off the critical path.
+* ``default``: the product's defaults: every request of a generation batch in flight at
+  once, as many generation batches in flight as the observed keep rate says a step needs,
+  surplus carried, checkpoints off the critical path, and ``max_steps_off_policy: null``
+  (auto): step 2 trains while step 3 samples, and the run keeps sampling ahead only if that
+  probe step was at least 5% shorter than sampling and training one after the other
+  (``steps/dapo/schedule.py``).
 * ``pipelined``: ``default`` with ``max_steps_off_policy: 1``: the next step samples
-  while this one trains.
+  while this one trains, from step 1 on.
 
 Every run: batch 32 x group 8, ``max_tokens`` 512, the toy's reasoning-length rollouts
-priced by the cost model (``local/training_session/costs.py``, its defaults, in virtual
-time: simulated time passes only while the loop waits on the simulated GPUs, so the
-toy's and the SDK's own CPU time on this machine costs none), a scripted grader fixing
-the keep rate (a seeded hash of each question decides if its group is mixed), and a
-learning rate too small to move the policy: the scripted rewards teach nothing, so the
-rollout lengths stay the base model's and every loop prices the same workload. Per run,
-over the steady-state steps (the first step's train line to the last):
+priced by the cost model (``local/training_session/costs.py``, in virtual time: simulated
+time passes only while the loop waits on the simulated GPUs, so the toy's and the SDK's own
+CPU time on this machine costs none), a scripted grader fixing the keep rate (a seeded hash
+of each question decides if its group is mixed), and a learning rate too small to move the
+policy: the rollout lengths stay the base model's and every loop prices the same workload.
+The loop's clock is the session's simulated clock (``Trainer.clock``), so the train line's
+``seconds`` and the auto overlap decision see the service's time, as they would on AWS.
 
-* ``step_s``: simulated seconds per step (the session's simulated clock at each train
-  line), and steps per hour;
-* ``busy``: the share of the GPUs' time spent working (sampler and trainer: two equal
-  pools), and the sampler's decode utilisation (tokens decoded / its throughput);
-* ``sampled/trained``: completion tokens sampled per completion token trained;
-* the critical path of each step, priced by the same cost model: ``S``, the sampler
-  decoding all of the step's sampled sequences at once, and ``T``, its
-  forward_backward + optim_step + save_weights_for_sampler. An on-policy loop cannot
-  beat ``S + T`` (a step samples the previous step's weights); a pipelined one
-  ``max(S, T)``.
+**Balanced windows.** Each run is ``STEPS`` steps; its figures are over a window of
+``WINDOW`` steps, from one train line to another, that holds as many samplings as trainings.
+A step's sampling falls in the interval between the previous train line and its own (on-policy)
+or, sampled ahead, in the one before. The window is the first from train line 2 on (step 1
+samples with no keep-rate evidence yet; step 2 is the auto loop's probe) in which the loop
+sampled ``WINDOW`` steps and trained ``WINDOW``: train lines 2-8 for an on-policy loop (it
+samples and trains steps 3-8) and for a loop sampling ahead (it trains 3-8 and samples 4-9),
+3-9 for the auto loop once it chose on-policy. Per window:
+
+* ``step_s``: simulated seconds per step, and steps per hour;
+* ``busy``: the share of the GPUs' time spent working (sampler and trainer: two equal pools,
+  one with shared GPUs), and the sampler's decode utilisation (tokens decoded / its throughput);
+* ``sampled/trained``: completion tokens sampled per completion token trained, over the
+  window's samplings and trainings;
+* the critical path, priced by the scenario's own cost model (:func:`critical_s`): per step,
+  ``S`` the sampler decoding all of a step's sampled sequences at once, ``T`` its
+  forward_backward + optim_step + save_weights_for_sampler, and a checkpoint's save_state on
+  the trainer. On-policy ``S + T``; sampled ahead on separate GPUs ``max(S, T)``, summed over
+  the window's overlapped steps first (the busier pool); on shared GPUs ``S + T`` for any loop.
 """
 from __future__ import annotations
 
@@ -55,17 +68,52 @@ from steps.platform.session import lora_kwargs
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "config" / "local.yaml"
 SEED = 7
-COSTS = Costs(enabled=True, virtual_time=True)
 LOOPS = ("sequential", "default", "pipelined")
-KEEP_RATES = (1.0, 0.5, 0.2)
+KEEP_RATES = (1.0, 0.2)
+STEPS = 9
+WINDOW = 6
+FIRST_LINE = 2  # windows start at train line 2 or later: step 1 has no keep-rate evidence, step 2 is the probe
 BENCH_LEARNING_RATE = 1e-7  # moves the toy's weights by ~5e-7 a step: the workload stays the base model's
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A cost model: the base costs (the defaults, or ``LOCAL_TS_COST_*``) with some figures multiplied."""
+
+    name: str
+    what: str
+    times: tuple[tuple[str, float], ...] = ()  # (Costs field, factor)
+    shared_gpus: bool = False
+
+    def costs(self, base: Costs) -> Costs:
+        return replace(base, **{k: getattr(base, k) * f for k, f in self.times},
+                       shared_gpus=base.shared_gpus or self.shared_gpus)
+
+
+SCENARIOS = (
+    Scenario("defaults", "the cost model's defaults"),
+    Scenario("decode x0.5", "half the decode throughput (75 sequences at full speed)",
+             (("decode_tokens_per_s", 0.5),)),
+    Scenario("decode x2", "twice the decode throughput (300 sequences at full speed)", (("decode_tokens_per_s", 2),)),
+    Scenario("shared GPUs", "sampler and trainer on the same GPUs: training pauses decoding", shared_gpus=True),
+    Scenario("training x0.25", "forward_backward, optim_step and save_weights_for_sampler in a quarter of the time",
+             (("train_tokens_per_s", 4), ("optim_step_s", 0.25), ("save_weights_s", 0.25))),
+    Scenario("long completions", "every generated and trained token priced as 5: 640 tokens on average, "
+             "a tail to 2,560", (("length_scale", 5),)),
+)
+
+
+def base_costs() -> Costs:
+    """The service's documented settings (``LOCAL_TS_COST_*``, else the defaults), on, in virtual time."""
+    return replace(Costs.from_env(), enabled=True, virtual_time=True)
 
 
 @dataclass(frozen=True)
 class LoopSpec:
     loop: str
     keep: float
-    steps: int = 7
+    scenario: str = "defaults"
+    steps: int = STEPS
     inflight: int | None = None  # max_inflight_gen_batches; None: the config default
     batch_size: int = 32
     group_size: int = 8
@@ -118,19 +166,21 @@ def run_config(spec: LoopSpec, learning_rate: float) -> dict[str, Any]:
     overrides: dict[str, Any] = {
         "batch_size": spec.batch_size, "group_size": spec.group_size, "max_steps": spec.steps, "max_tokens": 512,
         "max_num_gen_batches": 40, "seed": SEED, "learning_rate": learning_rate, "save_every": spec.save_every,
-        "eval_every": 0, "max_steps_off_policy": 1 if spec.loop == "pipelined" else 0,
-        "overlong_buffer": 0,  # a length penalty would make groups of equal grades mixed: the grader alone decides
+        "eval_every": 0, "overlong_buffer": 0,  # a length penalty would make groups of equal grades mixed
+        "guards": False,  # the scripted grades are no learning run for the health guards to judge
     }
     if spec.loop == "sequential":
-        overrides["max_inflight_gen_batches"] = 1
-    elif spec.inflight is not None:
+        overrides.update(max_inflight_gen_batches=1, max_steps_off_policy=0)
+    else:  # the product's defaults (config/local.yaml pins on-policy for the toy's wall-clock runs)
+        overrides.update(max_inflight_gen_batches=None, max_steps_off_policy=1 if spec.loop == "pipelined" else None)
+    if spec.inflight is not None:
         overrides["max_inflight_gen_batches"] = spec.inflight
     return overrides
 
 
-def run(spec: LoopSpec, service: Service, client: Any, tokenizer: Any, examples: Sequence[Example],
+def run(spec: LoopSpec, costs: Costs, service: Service, client: Any, tokenizer: Any, examples: Sequence[Example],
         workdir: Path) -> dict[str, Any]:
-    """One run of ``spec.steps`` steps on a session of its own; its per-step rows and summary."""
+    """One run of ``spec.steps`` steps on a session of its own (created under ``costs``); its rows and window."""
     cfg = load_config(LOCAL_CONFIG, run_config(spec, BENCH_LEARNING_RATE))
     usage: dict[int, dict[str, float]] = {}  # the session's simulated clock and GPU use at each train line
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
@@ -145,7 +195,8 @@ def run(spec: LoopSpec, service: Service, client: Any, tokenizer: Any, examples:
         training_client=training_client, cfg=cfg.dapo, task=ScriptedGsm8k(spec.keep, spec.group_size),
         tokenizer=tokenizer, train_examples=examples, eval_examples=[],
         metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
-        checkpoint_dir=workdir / "ckpt", policy=policy(spec.loop, cfg.dapo), on_batch=recorder)
+        checkpoint_dir=workdir / "ckpt", policy=policy(spec.loop, cfg.dapo), on_batch=recorder,
+        clock=lambda: service.costs()["sessions"][session]["simulated_s"])
     try:
         outcome = trainer.run(LoopState(seed=SEED))
     finally:
@@ -153,11 +204,13 @@ def run(spec: LoopSpec, service: Service, client: Any, tokenizer: Any, examples:
     if outcome.state.step != spec.steps:
         raise RuntimeError(f"{spec}: only {outcome.state.step} steps ({outcome.state.stop_reason})")
     records = [r for r in metrics_io.read(workdir / "metrics.jsonl") if r["kind"] == "step"]
-    steps = step_rows(recorder, records, usage, cfg.dapo.max_steps_off_policy)
-    return {"spec": asdict(spec), "steps": steps, "summary": summarise(steps[1:], usage[1], usage[spec.steps])}
+    steps = step_rows(recorder, records, usage, costs, spec)
+    window = balanced_window([bool(r["sampled_ahead"]) for r in records])
+    return {"spec": asdict(spec), "steps": steps, "window": window,
+            "summary": summarise(steps, window, usage, costs)}
 
 
-def ideal_sampling_s(groups: Sequence[Group], costs: Costs = COSTS) -> float:
+def ideal_sampling_s(groups: Sequence[Group], costs: Costs) -> float:
     """Simulated seconds to sample ``groups`` if every request arrived at once on an idle sampler."""
     wall = [0.0]
     gpus = Gpus(costs, WallClock(1.0, lambda: wall[0]))
@@ -171,69 +224,120 @@ def ideal_sampling_s(groups: Sequence[Group], costs: Costs = COSTS) -> float:
     return max((j.finish for j in jobs), default=0.0)
 
 
-def training_s(datum_tokens: int, costs: Costs = COSTS) -> float:
+def training_s(datum_tokens: int, costs: Costs) -> float:
     """Simulated seconds of a step's forward_backward, optim_step and save_weights_for_sampler."""
     return sum(costs.training_seconds(kind, datum_tokens if kind == "forwardBackward" else 0)
                for kind in ("forwardBackward", "optimizerStep", "saveWeights"))
 
 
-def step_rows(recorder: Recorder, records: list[dict], usage: dict[int, dict[str, float]],
-              pipelined: int) -> list[dict[str, Any]]:
+def step_rows(recorder: Recorder, records: list[dict], usage: dict[int, dict[str, float]], costs: Costs,
+              spec: LoopSpec) -> list[dict[str, Any]]:
     rows = []
     for r in records:
         s = r["step"]
         sampled = recorder.sampled[s - 1]
-        S, T = ideal_sampling_s(sampled), training_s(recorder.trained_tokens[s - 1])
-        step_s = usage[s]["simulated_s"] - usage[s - 1]["simulated_s"] if s > 1 else None
-        critical = max(S, T) if pipelined else S + T
+        checkpoint = s % spec.save_every == 0 and s < spec.steps  # the last step's save runs after every window
         rows.append({
             "step": s, "gen_batches": r["gen_batches"], "groups_sampled": r["groups_sampled"],
-            "speculative": r["speculative_batches"],
-            "step_s": step_s, "sampling_s": S, "training_s": T, "critical_s": critical,
-            "ratio": step_s / critical if step_s else None, "ratio_max": step_s / max(S, T) if step_s else None,
+            "speculative": r["speculative_batches"], "sampled_ahead": bool(r["sampled_ahead"]),
+            "step_s": usage[s]["simulated_s"] - usage[s - 1]["simulated_s"] if s > 1 else None,
+            "sampling_s": ideal_sampling_s(sampled, costs),
+            "training_s": training_s(recorder.trained_tokens[s - 1], costs),
+            "save_state_s": costs.training_seconds("saveState", 0) if checkpoint else 0.0,
             "sampled_tokens": sum(len(x.tokens) for g in sampled for x in g.rollouts),
             "trained_tokens": r["tokens"], "off_policy_steps": r["off_policy_steps"],
+            "stale_groups_dropped": r["stale_groups_dropped"],
             "completion_tokens_mean": r["completion_tokens_mean"], "truncated_frac": r["truncated_frac"],
         })
     return rows
 
 
-def summarise(steps: list[dict], first: dict[str, float], last: dict[str, float]) -> dict[str, Any]:
-    total = lambda k: sum(s[k] for s in steps)  # noqa: E731
+def interval(step: int, ahead: bool) -> int:
+    """The train-line interval a step's sampling falls in: interval ``i`` runs from train line ``i - 1`` to
+    ``i``; a step sampled ahead was sampled while the step before it trained."""
+    return step - 1 if ahead else step
+
+
+def balanced_window(ahead: Sequence[bool], n: int = WINDOW, first: int = FIRST_LINE) -> dict[str, Any]:
+    """The first window of ``n`` steps, train line ``a`` to ``a + n`` (``a >= first``), in which the loop
+    sampled as many steps as it trained (``ahead[s - 1]``: step ``s`` was sampled ahead)."""
+    for a in range(first, len(ahead) - n + 1):
+        sampled = [s for s in range(1, len(ahead) + 1) if a < interval(s, ahead[s - 1]) <= a + n]
+        if len(sampled) == n:
+            return {"from_line": a, "to_line": a + n, "trained": list(range(a + 1, a + n + 1)), "sampled": sampled}
+    raise RuntimeError(f"no balanced window of {n} steps in a run of {len(ahead)} (sampled ahead: {ahead})")
+
+
+def critical_s(steps: Sequence[dict], window: dict[str, Any], shared_gpus: bool) -> float:
+    """The window's critical path. Each interval's trainer work is its training ``T`` and the previous
+    checkpoint's save_state (queued ahead of ``T``). An on-policy sampling precedes its interval's training,
+    the save can hide under it: ``max(S, save) + T``. Sampled ahead, the sampler and the trainer work at
+    once, and a step's work may spill into the next interval: the busier pool over those intervals,
+    ``max(sum S, sum save + T)``. Shared GPUs overlap nothing (training pauses decoding): every second adds."""
+    by_step = {r["step"]: r for r in steps}
+    on_policy = sampler = trainer = 0.0
+    for i in window["trained"]:
+        inside = [by_step[s] for s in window["sampled"] if interval(s, by_step[s]["sampled_ahead"]) == i]
+        ahead = sum(r["sampling_s"] for r in inside if r["sampled_ahead"])
+        alone = sum(r["sampling_s"] for r in inside if not r["sampled_ahead"])
+        save, T = by_step[i - 1]["save_state_s"], by_step[i]["training_s"]
+        if shared_gpus:
+            on_policy += alone + ahead + save + T
+        elif any(r["sampled_ahead"] for r in inside):
+            on_policy += alone
+            sampler, trainer = sampler + ahead, trainer + save + T
+        else:
+            on_policy += max(alone, save) + T
+    return on_policy + max(sampler, trainer)
+
+
+def summarise(steps: list[dict], window: dict[str, Any], usage: dict[int, dict[str, float]],
+              costs: Costs) -> dict[str, Any]:
+    first, last = usage[window["from_line"]], usage[window["to_line"]]
+    sampled = [r for r in steps if r["step"] in window["sampled"]]
+    trained = [r for r in steps if r["step"] in window["trained"]]
+    n = len(trained)
     elapsed = last["simulated_s"] - first["simulated_s"]
     sampler = last["sampler_busy_s"] - first["sampler_busy_s"]
     trainer = last["trainer_busy_s"] - first["trainer_busy_s"]
-    step_s = total("step_s") / len(steps)
+    pools = 1 if costs.shared_gpus else 2
+    critical = critical_s(steps, window, costs.shared_gpus)
+    S, T = (statistics.mean(r[k] for r in rows) for k, rows in (("sampling_s", sampled), ("training_s", trained)))
     return {
-        "step_s": step_s, "steps_per_hour": 3600 / step_s,
-        "busy": (sampler + trainer) / (2 * elapsed), "sampler_busy": sampler / elapsed,
+        "step_s": elapsed / n, "steps_per_hour": 3600 * n / elapsed,
+        "busy": (sampler + trainer) / (pools * elapsed), "sampler_busy": sampler / elapsed,
         "trainer_busy": trainer / elapsed,
-        "decode_utilisation": (last["decoded_tokens"] - first["decoded_tokens"])
-        / (COSTS.decode_tokens_per_s * elapsed),
-        "sampled_per_trained": total("sampled_tokens") / total("trained_tokens"),
-        "sampling_s": total("sampling_s") / len(steps), "training_s": total("training_s") / len(steps),
-        "critical_s": total("critical_s") / len(steps), "ratio": total("step_s") / total("critical_s"),
-        "ratio_max": total("step_s") / sum(max(s["sampling_s"], s["training_s"]) for s in steps),
-        "gen_batches_mean": total("gen_batches") / len(steps),
-        "off_policy_steps_max": max(s["off_policy_steps"] for s in steps),
-        "completion_tokens_mean": statistics.mean(s["completion_tokens_mean"] for s in steps),
-        "truncated_frac": statistics.mean(s["truncated_frac"] for s in steps),
+        "decode_utilisation":
+            (last["decoded_tokens"] - first["decoded_tokens"]) / (costs.decode_tokens_per_s * elapsed),
+        "sampled_per_trained": sum(r["sampled_tokens"] for r in sampled) / sum(r["trained_tokens"] for r in trained),
+        "sampling_s": S, "training_s": T, "critical_s": critical / n, "ratio": elapsed / critical,
+        "sampled_ahead": sum(r["sampled_ahead"] for r in sampled),
+        "gen_batches_mean": statistics.mean(r["gen_batches"] for r in sampled),
+        "off_policy_steps_max": max(r["off_policy_steps"] for r in trained),
+        "stale_groups_dropped": sum(r["stale_groups_dropped"] for r in trained),
+        "completion_tokens_mean": statistics.mean(r["completion_tokens_mean"] for r in sampled),
+        "truncated_frac": statistics.mean(r["truncated_frac"] for r in sampled),
         "reveal_lag_mean_s": last["reveal_lag_mean_s"], "reveal_lag_max_s": last["reveal_lag_max_s"],
     }
 
 
 def run_all(specs: Sequence[LoopSpec], service: Service, client: Any, tokenizer: Any,
-            examples: Sequence[Example], progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    service.set_costs(COSTS)
+            examples: Sequence[Example], base: Costs, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Each spec on a session of its own, created under its scenario's costs; the service's settings restored after."""
+    saved = service.costs()["costs"]
     results = []
-    for spec in specs:
-        with tempfile.TemporaryDirectory() as d:
-            result = run(spec, service, client, tokenizer, examples, Path(d))
-        s = result["summary"]
-        progress(f"loops: {spec.loop} keep={spec.keep:.0%} inflight={spec.inflight} step={s['step_s']:.1f}s "
-                 f"({s['steps_per_hour']:.0f}/h) busy={s['busy']:.0%} sampled/trained={s['sampled_per_trained']:.2f} "
-                 f"critical-path ratio={s['ratio']:.2f} (vs max(S,T) {s['ratio_max']:.2f}) "
-                 f"lag={s['reveal_lag_mean_s']:.2f}s")
-        results.append(result)
-    service.set_costs(Costs())
+    try:
+        for spec in specs:
+            costs = next(sc for sc in SCENARIOS if sc.name == spec.scenario).costs(base)
+            service.set_costs(costs)
+            with tempfile.TemporaryDirectory() as d:
+                result = run(spec, costs, service, client, tokenizer, examples, Path(d))
+            s, w = result["summary"], result["window"]
+            progress(f"loops: {spec.scenario}: {spec.loop} keep={spec.keep:.0%} step={s['step_s']:.1f}s "
+                     f"({s['steps_per_hour']:.0f}/h) busy={s['busy']:.0%} sampled/trained="
+                     f"{s['sampled_per_trained']:.2f} critical-path ratio={s['ratio']:.2f} sampled ahead "
+                     f"{s['sampled_ahead']}/{len(w['sampled'])} window lines {w['from_line']}-{w['to_line']}")
+            results.append(result)
+    finally:
+        service.set_costs(Costs.from_mapping(saved))
     return results

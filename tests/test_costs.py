@@ -103,6 +103,18 @@ def test_shared_gpus_pause_decoding_while_training_runs(shared, expected):
     assert busy["sampler_busy_s"] == pytest.approx(5.0) and busy["trainer_busy_s"] == pytest.approx(3.0)
 
 
+def test_the_length_scale_prices_each_generated_and_trained_token_as_that_many():
+    """Long completions without generating them: 4x the tokens, 4x the decode and forward_backward time."""
+    sim = Sim(Costs(**{**SMALL.to_dict(), "length_scale": 4.0}))
+    sample = sim.gpus.sampling_arrives(prompt_tokens=200)  # prefill is not scaled: 0.2 s
+    sim.gpus.sampled(sample, [50])  # 200 tokens at 10/s
+    fb = sim.gpus.training_arrives("forwardBackward", 500)  # 2,000 tokens at 1,000/s
+    optim = sim.gpus.training_arrives("optimizerStep", 0)  # fixed times stay
+    assert sim.finish(sample) == pytest.approx(20.2)
+    assert [sim.since_start(j.finish) for j in (fb, optim)] == pytest.approx([2.0, 4.0])
+    assert sim.gpus.snapshot()["decoded_tokens"] == pytest.approx(200)
+
+
 def test_the_time_scale_runs_simulated_time_faster_than_the_wall_clock():
     sim = Sim(Costs(**{**SMALL.to_dict(), "time_scale": 100.0}))
     job = sim.gpus.training_arrives("saveState", 0)  # 5 simulated seconds

@@ -5,7 +5,7 @@ import pytest
 
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import Group, GroupSampler, Rollout, collect_step, derived_seed
-from steps.dapo.schedule import Policy
+from steps.dapo.schedule import SPARE_SD, Overlap, Policy, batches_for, overlap_pays
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
 from steps.gsm8k.task import GSM8K, Gsm8k
@@ -97,19 +97,20 @@ def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
 
 
 @pytest.mark.parametrize(
-    "need,in_flight,rate,budget,max_inflight,expected",
+    "need,in_flight,rate,budget,max_inflight,fresh,expected",
     [
-        (4, 0, 1.0, 10, 4, 1),  # everything kept so far: one batch
-        (4, 0, 0.25, 10, 4, 4),  # a quarter kept: four at once
-        (4, 0, 0.25, 2, 4, 2),  # ... but never past the cap
-        (4, 1, 0.5, 10, 4, 1),  # one in flight covers half
-        (4, 2, 0.5, 10, 4, 0),  # two in flight cover it all
-        (0, 0, 0.5, 10, 4, 0),  # full
-        (4, 0, 0.0, 10, 2, 2),  # nothing kept yet: bounded by max_inflight
+        (4, 0, 1.0, 10, 4, True, 1),  # everything kept so far: one batch
+        (4, 0, 0.25, 10, 4, True, 4),  # a quarter kept: four at once (and a spare, but for the cap)
+        (4, 0, 0.25, 2, 4, True, 2),  # ... never past the budget
+        (4, 1, 0.5, 10, 4, False, 1),  # sampled ahead: only what the keep rate expects, one in flight covers half
+        (4, 2, 0.5, 10, 4, False, 0),  # ... two cover it all: no spare on weights about to be replaced
+        (1, 0, 0.5, 10, 4, False, 1),  # ... half a batch expected, but nothing in flight: one now, not after a wait
+        (0, 0, 0.5, 10, 4, True, 0),  # full
+        (4, 0, 0.0, 10, 2, True, 2),  # nothing kept yet: bounded by max_inflight
     ],
 )
-def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, expected):
-    assert inflight(max_inflight)(need, in_flight, 4, rate, budget) == expected
+def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, fresh, expected):
+    assert inflight(max_inflight)(need, in_flight, 4, rate, budget, fresh) == expected
 
 
 def test_derived_seeds_fit_the_apis_32_bit_integer():
@@ -163,3 +164,81 @@ def test_a_grading_error_is_a_bug_not_a_failed_sample():
     with pytest.raises(KeyError, match="grader bug"):
         sampler(BrokenGrader()).launch(client, [0], seed=None).result()
     assert client.calls == 2  # one request: the grading error was not retried as a failed sample
+
+
+# -- the default's choices: generation batches in flight, and whether to sample ahead -------------------------
+@pytest.mark.parametrize(
+    "need,in_flight,rate,budget,fresh,expected",
+    [
+        (32, 0, 1.0, 10, True, 1),  # everything kept so far: one batch
+        (32, 0, 0.2, 10, True, 7),  # a fifth kept: five expected, two spares (SPARE_SD), all at once; no cap of 4
+        (32, 0, 0.2, 10, False, 5),  # sampled ahead on weights about to be replaced: the five expected only
+        (32, 0, 0.1, 6, True, 6),  # never past max_num_gen_batches' budget
+        (32, 3, 0.2, 10, True, 4),  # three in flight count
+        (10, 0, 0.5, 10, True, 1),  # one batch brings 16 on average, 10 even two deviations short
+    ],
+)
+def test_auto_inflight_launches_what_the_keep_rate_says_the_step_needs(need, in_flight, rate, budget, fresh,
+                                                                        expected):
+    assert Policy().max_inflight_gen_batches is None  # the product's default: auto
+    assert Policy().batches_to_launch(need, in_flight, 32, rate, budget, fresh) == expected
+
+
+def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_leaves_them_to_the_next_step():
+    """Before the overlapped update is done only the expected batches start; the spares start on its weights,
+    and a step full before they return leaves them running for the next step."""
+    batches = [[group(k, MIXED), group(k, WRONG)] for k in range(2)]  # half kept
+    newer = [[Group(k, (0,), group(k, MIXED).rollouts, sampler_step=1), group(k, WRONG)] for k in range(8)]
+    script = ScriptedBatches(batches + newer)
+    switched = []
+
+    def newer_weights():
+        switched.append(script.launched)
+
+    b = collect_step(script.launch, carry=[], batch_size=2, max_num_gen_batches=10,
+                     batches_to_launch=Policy().batches_to_launch, evidence=(1, 2), newer_weights=newer_weights)
+    assert switched == [2]  # the two expected batches (2 / (0.5 x 2)) started before the switch
+    assert script.launched == batches_for(2, 2, 0.5, SPARE_SD) == 6  # and the spares, on the newer weights
+    assert [g.sampler_step for g in b.kept] == [0, 0]
+    assert len(b.in_flight) == 4  # full before they returned: they are the next step's, not waited on now
+    nxt = collect_step(script.launch, carry=b.carry, batch_size=2, max_num_gen_batches=10,
+                       batches_to_launch=Policy().batches_to_launch, evidence=(2, 4), in_flight=b.in_flight)
+    assert [g.sampler_step for g in nxt.kept] == [1, 1]  # the spares filled it (and it started spares of its own)
+
+
+@pytest.mark.parametrize(
+    "sampling,training,overlapped,pays",
+    [
+        (13.0, 12.0, 13.5, True),  # separate GPUs, balanced: the overlapped step takes about max(S, T)
+        (30.0, 3.0, 30.5, True),  # a short training, 2.5 of its 3 s hidden under the sampling
+        (13.0, 12.0, 25.5, False),  # shared GPUs: training pauses decoding, the step takes S + T anyway
+        (31.5, 12.5, 41.9, False),  # ... and a step that sampled a little less saves 2 s: not the training hidden
+        (30.0, 3.0, 32.0, False),  # a third of a short training hidden: not worth groups one step old
+        (0.0, 0.0, 0.0, False),
+    ],
+)
+def test_overlap_pays_only_when_the_probe_hid_most_of_its_training(sampling, training, overlapped, pays):
+    assert overlap_pays(sampling, training, overlapped) is pays
+
+
+@pytest.mark.parametrize("overlapped,verdict", [(13.0, True), (25.0, False)])  # separate GPUs; shared
+def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict(overlapped, verdict):
+    auto, last = Policy(), 10
+    o = Overlap()
+    assert not auto.sample_ahead(1, last, o)  # step 1 samples and trains alone: nothing measured yet
+    o = o.sampled(13.0, 32).trained(12.0, ahead=False, update_s=12.0)
+    o = o.sampled(13.0, 32)  # step 2's sampling, alone
+    assert auto.sample_ahead(2, last, o)  # the probe: step 2 trains while step 3 samples
+    assert o.trained(5.0, ahead=True, update_s=5.0, groups=0) == o  # a probe that sampled nothing: probe again
+    o = o.trained(overlapped, ahead=True, update_s=12.0, groups=32)
+    assert o.verdict is verdict
+    assert all(auto.sample_ahead(u, last, o) is verdict for u in range(3, last))
+    assert not auto.sample_ahead(last, last, o)  # nothing to sample after the last step
+
+
+def test_a_fixed_max_steps_off_policy_needs_no_probe():
+    o = Overlap()
+    assert all(Policy(max_steps_off_policy=1).sample_ahead(u, 4, o) for u in (1, 2, 3))
+    measured = o.sampled(1, 8).trained(1, False, 1)
+    assert not any(Policy(max_steps_off_policy=0).sample_ahead(u, 4, measured) for u in (1, 2))
+    assert o.trained(5.0, ahead=True, update_s=5.0, groups=8) == o  # sampling ahead unmeasured decides nothing

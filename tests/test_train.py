@@ -194,8 +194,10 @@ def test_sampling_runs_while_training_only_when_pipelined_and_never_waits_for_a_
     """Every operation takes 100 ms of service time (training ones one after another), so the service's
     own record says what the loop waited for: the next step's sampling starts before the new sampler
     weights are saved only with max_steps_off_policy 1, and never waits for a checkpoint's save_state."""
+    # One generation batch in flight: no spare's surplus fills a whole step of 4 groups, so every step samples.
     cfg = load_config(LOCAL_CONFIG, {"batch_size": "4", "group_size": "2", "max_steps": "4", "save_every": "2",
-                                     "eval_every": "0", "overlong_buffer": "0", "max_steps_off_policy": off_policy})
+                                     "eval_every": "0", "overlong_buffer": "0", "max_steps_off_policy": off_policy,
+                                     "max_inflight_gen_batches": 1})
     examples = load_examples(toy_data[0])[:40]
     mixed = {e.question for i, e in enumerate(examples) if i % 2 == 0}
     local_service.set_faults(Faults(latency_ms=100))

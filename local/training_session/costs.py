@@ -20,6 +20,11 @@ GPUs have done it:
   and ``save_state`` (or a ``load_state``) fixed times.
 * ``shared_gpus``: sampler and trainer are the same GPUs. A training operation then
   pauses all decoding while it runs; otherwise they are separate, equal pools.
+* ``length_scale``: every generated token, and every ``forward_backward``/``forward`` token, is
+  priced as this many: the toy's completions (128 tokens on average, cut off at 512) cost what
+  completions ``length_scale`` times as long would, without the toy and the SDK generating and
+  parsing them on this CPU. Prompts are scaled with the trained tokens (the request says only
+  their sum), which overprices training by their share; prefill is not scaled.
 
 Time is simulated, exactly, event by event (arrivals, prefill ends, sequence ends,
 training operations; events less than a microsecond apart are one), not as sleeps
@@ -81,6 +86,8 @@ SETTINGS = {
     "save_state_s": ("LOCAL_TS_COST_SAVE_STATE_S", "--save-state-s", "seconds of a save_state (or load_state)"),
     "shared_gpus": ("LOCAL_TS_COST_SHARED_GPUS", "--shared-gpus",
                    "sampling and training share the GPUs: training pauses decoding"),
+    "length_scale": ("LOCAL_TS_COST_LENGTH_SCALE", "--length-scale",
+                     "price each generated and trained token as this many (long completions, simulated)"),
     "virtual_time": ("LOCAL_TS_COST_VIRTUAL_TIME", "--virtual-time",
                     "simulated time passes only while every request waits on the simulated GPUs"),
 }
@@ -99,6 +106,7 @@ class Costs(Throughput, Settings):
     time_scale: float = 1.0
     shared_gpus: bool = False
     virtual_time: bool = False
+    length_scale: float = 1.0
     KIND: ClassVar[str] = "cost"
     SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]] = SETTINGS
 
@@ -106,7 +114,12 @@ class Costs(Throughput, Settings):
         for name in ("enabled", "shared_gpus", "virtual_time"):
             require("cost", isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         self._require("time_scale", lambda v: v > 0, "a number > 0")
+        self._require("length_scale", lambda v: v > 0, "a number > 0")
         super().__post_init__()
+
+    def training_seconds(self, kind: str, tokens: float) -> float:
+        """:meth:`Throughput.training_seconds` of ``tokens`` priced ``length_scale`` times each."""
+        return super().training_seconds(kind, tokens * self.length_scale)
 
 
 def tick(t: float) -> float:
@@ -125,7 +138,7 @@ class Job:
     start: float | None = None  # training: its turn on the trainer; sampling: the decode start
     finish: float | None = None
     sequences_left: int = 0
-    longest: int = 0  # sampling: tokens of its longest sequence
+    longest: float = 0  # sampling: tokens of its longest sequence (priced: times length_scale)
     last_progress: float = 0.0  # sampling, once decoding: the decode progress at which its longest sequence ends
 
 
@@ -266,7 +279,7 @@ class Gpus:
         self._t = self.origin  # committed simulated time
         self._progress = 0.0  # tokens each decoding sequence has advanced since the start
         self._decoding: list[tuple[float, int, Job]] = []  # heap of (progress at its end, tiebreak, job)
-        self._joining: list[tuple[float, int, Job, list[int]]] = []  # heap: (decode start, tiebreak, job, lengths)
+        self._joining: list[tuple[float, int, Job, list[float]]] = []  # heap: (decode start, tiebreak, job, lengths)
         self._pending: list[Job] = []  # samples arrived whose work is not known: the commit horizon
         self._training: list[tuple[float, float]] = []  # the trainer's intervals, in order
         self._passed = 0  # intervals that ended before the committed time
@@ -293,6 +306,7 @@ class Gpus:
             self._pending.remove(job)
             job.known = True
             decode_start = job.arrival + job.seconds
+            lengths = [n * self.costs.length_scale for n in lengths]
             if lengths:
                 job.sequences_left, job.longest = len(lengths), max(lengths)
                 heapq.heappush(self._joining, (decode_start, next(self._tiebreak), job, lengths))

@@ -91,9 +91,11 @@ class DapoConfig(Section):
     clip_low_threshold: float = Field(0.8, gt=0, le=1, json_schema_extra={"why": "a ratio bound, not an epsilon"})
     clip_high_threshold: float = Field(1.28, ge=1, le=10, json_schema_extra={"why": "a ratio bound, not an epsilon"})
     max_num_gen_batches: int = Field(10, ge=1)
-    max_inflight_gen_batches: int = Field(4, ge=1)
-    # 0: a step samples once the previous step's weights are saved; 1: it samples while the previous one trains.
-    max_steps_off_policy: int = Field(0, ge=0, le=1)
+    # null: as many as the observed keep rate says the step needs, up to max_num_gen_batches.
+    max_inflight_gen_batches: int | None = Field(None, ge=1, json_schema_extra={"why": "null = auto"})
+    # 0: a step samples once the previous step's weights are saved; 1: it samples while the previous one trains;
+    # null: auto, 1 if a probe step shows the overlap pays (steps/dapo/schedule.py).
+    max_steps_off_policy: int | None = Field(None, ge=0, le=1, json_schema_extra={"why": "null = auto"})
     overlong_filtering: bool = True
     overlong_buffer: int = Field(0, ge=0)
     overlong_penalty: float = Field(1.0, ge=0)

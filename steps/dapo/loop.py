@@ -14,6 +14,7 @@ waited on, the overlap of one step with the next, from its :class:`~steps.dapo.s
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from steps.dapo.heldout import EvalResult, evaluate_greedy
 from steps.dapo.metrics import MetricsLog, sampling_figures, train_figures
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import GenerationBatch, GroupSampler, StepBatch, collect_step
-from steps.dapo.schedule import Filled, PendingCheckpoint, Policy, Schedule, Update
+from steps.dapo.schedule import OFF_POLICY_LIMIT, Filled, PendingCheckpoint, Policy, Schedule, Update
 from steps.dapo.state import Cursor, LoopState
 from steps.dapo.task import Task
 from steps.platform.billing import TokenMeter
@@ -83,11 +84,14 @@ class Trainer:
     policy: Policy | None = None  # how much overlaps; None: the config's (steps/dapo/schedule.py)
     on_batch: Callable[[int, StepBatch], None] | None = None  # sees each step's batch once sampled (make bench)
     meter: TokenMeter = field(default_factory=TokenMeter)  # the billable tokens sent and received so far
+    clock: Callable[[], float] = time.monotonic  # the service's time (make bench: the simulated clock)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
         self.policy = self.policy or Policy.from_config(cfg)
         self.limits = guards.Limits.from_config(cfg)
+        self._latest: SamplerAt | None = None  # the last sampler made (a fill sampling ahead may make it first)
+        self._in_flight: tuple[GenerationBatch, ...] = ()  # spares still running when the last step was full
         self.sampler = GroupSampler(
             task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
@@ -101,7 +105,8 @@ class Trainer:
         if state.stopped_early:  # a restart after a clean stop: nothing left to do
             return Outcome(state, None)
         sampler = self._sampler(state.step, self._save_weights(state.step).result())
-        schedule = Schedule(self.policy, total_steps(self.cfg, len(self.train_examples)), self.checkpoint_dir)
+        schedule = Schedule(self.policy, total_steps(self.cfg, len(self.train_examples)), self.checkpoint_dir,
+                            now=self.clock)
         evaluated: tuple[int, EvalResult] | None = None
         with schedule.salvaging():
             while state.step < schedule.n_steps:
@@ -140,7 +145,7 @@ class Trainer:
         submitted = self._submit_update(datums, update, save)
         carry, dropped = schedule.carried(batch.carry, update + 1)
         after = replace(filled.state, step=update, carry=carry)
-        fb_out, weights = schedule.trained(submitted, update, lambda: self._fill(after, sampler))
+        fb_out, weights = schedule.trained(submitted, update, lambda done: self._fill(after, sampler, (update, done)))
         self.meter.trained(datums)  # forward_backward completed: its datums' tokens are billed
         new_sampler = self._sampler(update, weights)
         trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
@@ -148,20 +153,33 @@ class Trainer:
         health["sampler_kl"] = sampler_kl(samples, drawn_by(batch.kept, state.step), fb_out.loss_fn_outputs)
         with schedule.untimed():
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
-                                                         dropped), **health, **self.meter.figures()})
+                                                         dropped), **health, **self.meter.figures(),
+                              "sampled_ahead": int(filled.ahead)})
         # save: written once its save_state is done, behind the next step's sampling
         if save:
             schedule.checkpoint(submitted, trained)
         return trained, new_sampler
 
-    def _fill(self, state: LoopState, sampler: SamplerAt) -> Filled:
+    def _fill(self, state: LoopState, sampler: SamplerAt,
+              overlapping: tuple[int, Callable[[], tuple[Any, Any]]] | None = None) -> Filled:
         """Dynamic sampling for the step after ``state`` on ``sampler``'s weights; the state advances past
-        every generation batch drawn."""
+        every generation batch drawn. ``overlapping`` (sampling ahead): the optimizer step training meanwhile
+        and the wait for its update; batches started once it is done sample its weights."""
         cfg = self.cfg
         cursor = Cursor(state.position, state.gen_batches_drawn)
-        batch = collect_step(lambda: self._launch(sampler, cursor), state.carry, cfg.batch_size,
+        current = [sampler]
+        # The previous step's spares still running: theirs if not too stale for this step (else left to finish).
+        running = tuple(b for b in self._in_flight if state.step - b.sampler_step <= OFF_POLICY_LIMIT)
+
+        def newer_weights() -> None:
+            assert overlapping is not None
+            current[0] = self._sampler(overlapping[0], overlapping[1]()[1])
+
+        batch = collect_step(lambda: self._launch(current[0], cursor), state.carry, cfg.batch_size,
                              cfg.max_num_gen_batches, self.policy.batches_to_launch,
-                             (state.kept_groups, state.sampled_groups))
+                             (state.kept_groups, state.sampled_groups), newer_weights if overlapping else None,
+                             running, spares=state.step + 1 < total_steps(cfg, len(self.train_examples)))
+        self._in_flight = batch.in_flight
         return Filled(batch, replace(state, position=cursor.position, gen_batches_drawn=cursor.drawn,
                                      kept_groups=state.kept_groups + batch.informative,
                                      sampled_groups=state.sampled_groups + len(batch.sampled)))
@@ -195,10 +213,16 @@ class Trainer:
         return self.training_client.save_weights_for_sampler(description=f"dapo step {step}")
 
     def _sampler(self, step: int, saved: Any) -> SamplerAt:
-        """A SamplingClient on this session for the weights of ``step``, just saved."""
+        """A SamplingClient on this session for the weights of ``step``, just saved (the one a fill sampling
+        ahead already made for them, if it did)."""
         if not saved.model_package_arn:
             raise RuntimeError("save_weights_for_sampler returned no model package ARN; cannot sample the new weights")
-        return SamplerAt(step, self.training_client.create_sampling_client(model_package_arn=saved.model_package_arn))
+        latest = self._latest
+        if latest is None or latest.step != step or latest.client.model_package_arn != saved.model_package_arn:
+            latest = SamplerAt(step, self.training_client.create_sampling_client(
+                model_package_arn=saved.model_package_arn))
+            self._latest = latest
+        return latest
 
     def _watch(self, filled: Filled, health: dict[str, Any], update: int) -> tuple[Filled, guards.Trip | None]:
         """The guards' verdict on a step's sampled completions, their counts carried in the state. A step

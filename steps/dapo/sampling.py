@@ -15,7 +15,8 @@ that are carried into the next step. When the keep rate seen so far says one
 more batch will not fill the step, further batches are started before the
 current one returns (how many is the scheduling policy's choice, steps/dapo/schedule.py):
 an over-shoot's surplus is carried, which is cheaper than an extra sequential round trip
-(``make bench``).
+(``make bench``). Batches still in flight once the step is full are not waited for: they
+are the next step's first.
 """
 from __future__ import annotations
 
@@ -191,6 +192,7 @@ class StepBatch:
     empty_rollouts: int  # generation batches in which every request failed
     speculative: int  # batches started before the previous one returned
     hit_cap: bool
+    in_flight: tuple["GenerationBatch", ...] = ()  # spares still running once the step was full: the next step's
 
     @property
     def informative(self) -> int:
@@ -206,9 +208,9 @@ class StepBatch:
         return sum(not g.is_informative() and g.all_wrong() for g in self.sampled)
 
 
-#: How many generation batches to start now, given (need, in_flight, batch_size, keep_rate, budget):
+#: How many generation batches to start now, given (need, in_flight, batch_size, keep_rate, budget, fresh):
 #: the scheduling policy's choice (:meth:`steps.dapo.schedule.Policy.batches_to_launch`).
-BatchesToLaunch = Callable[[int, int, int, float, int], int]
+BatchesToLaunch = Callable[[int, int, int, float, int, bool], int]
 
 
 @dataclass
@@ -243,27 +245,46 @@ class Draws:
         self.kept.extend(g for g in groups if g.is_informative())
 
     def step_batch(self, batch_size: int) -> StepBatch:
-        kept = self.kept
+        # The oldest groups are trained now, the freshest carried: a carried group is a step older when trained.
+        kept = sorted(self.kept, key=lambda g: g.sampler_step)
         return StepBatch(kept=tuple(kept[:batch_size]), carry=tuple(kept[batch_size:]), sampled=tuple(self.sampled),
                          gen_batches=self.launched, failed_groups=self.failed, empty_rollouts=self.empty,
-                         speculative=self.speculative, hit_cap=len(kept) < batch_size)
+                         speculative=self.speculative, hit_cap=len(kept) < batch_size,
+                         in_flight=tuple(self.in_flight))
 
 
 def collect_step(launch: Callable[[], GenerationBatch], carry: Sequence[Group], batch_size: int,
-                 max_num_gen_batches: int, batches_to_launch: BatchesToLaunch, evidence: tuple[int, int]) -> StepBatch:
+                 max_num_gen_batches: int, batches_to_launch: BatchesToLaunch, evidence: tuple[int, int],
+                 newer_weights: Callable[[], None] | None = None, in_flight: Sequence[GenerationBatch] = (),
+                 spares: bool = True) -> StepBatch:
     """Draw generation batches until ``batch_size`` groups are kept or ``max_num_gen_batches`` are drawn.
 
     ``evidence`` is (informative, sampled) groups of the run before this step: with this step's
     own, it is the keep rate from which ``batches_to_launch`` decides how many batches to start at once.
+    ``in_flight``: the previous step's spares, still running; the step's own still running once it is
+    full are returned the same way (``StepBatch.in_flight``), so a spare never delays a step.
+    ``newer_weights`` (sampling ahead): waits until the update this step overlaps is done and makes
+    ``launch`` sample its weights. Before it, only the batches the step is expected to need are
+    started (a surplus sampled on the older weights would be too stale to carry); it is called
+    before the first wait, and the spares are started on the newer weights. ``spares``: whether a
+    surplus can be carried at all (not in a run's last step).
     """
-    draws = Draws(tuple(carry), evidence)
+    draws = Draws(tuple(carry), evidence, in_flight=deque(in_flight))
+    fresh = newer_weights is None
     while True:
-        n = batches_to_launch(batch_size - len(draws.kept), len(draws.in_flight), batch_size, draws.keep_rate(),
-                              max_num_gen_batches - draws.launched)
+        need = batch_size - len(draws.kept)
+        if need <= 0:
+            return draws.step_batch(batch_size)
+        n = batches_to_launch(need, len(draws.in_flight), batch_size, draws.keep_rate(),
+                              max_num_gen_batches - draws.launched, fresh and spares)
         draws.speculative += max(0, n - (0 if draws.in_flight else 1))
         for _ in range(n):
             draws.in_flight.append(launch())
             draws.launched += 1
+        if not fresh:
+            newer_weights()  # type: ignore[misc]
+            fresh = True
+            continue
         if not draws.in_flight:
             return draws.step_batch(batch_size)
         draws.receive(draws.in_flight.popleft().result())

@@ -9,6 +9,12 @@ The loop (steps/dapo/loop.py) says what a step does; a :class:`Schedule` says wh
   the step trained from (as verl's one-step-off-policy recipe and tinker-cookbook's async mode do).
   Each group carries the step of the weights that sampled it; the train line logs how many steps
   off-policy a step trained, and no group is trained more than ``OFF_POLICY_LIMIT`` steps off-policy.
+- With ``max_steps_off_policy: null`` (auto, the default) the run measures whether that overlap pays
+  (:class:`Overlap`): step 1 and 2 sample and train one after the other, step 2 trains while step 3
+  samples (the probe), and from then on the run samples ahead only if the probe step hid at least
+  ``MIN_HIDDEN_SHARE`` of its own training under the sampling, against step 2's sampling and that
+  training one after the other. On GPUs that sampler and trainer share, training pauses decoding and
+  the overlap cannot pay: the run goes back on-policy.
 - A step's seconds leave evaluation out.
 
 How much runs at once is :class:`Policy`'s: one small piece to replace when that choice changes.
@@ -36,6 +42,66 @@ log = logging.getLogger(__name__)
 #: groups one step old, and the ones it would carry two: those are dropped. The PPO ratio against the
 #: sampler's logprobs (and its clip) is what makes a step-old group safe to train on.
 OFF_POLICY_LIMIT = 1
+#: The least share of the probe step's own training that sampling ahead must hide to be kept (auto). On
+#: separate GPUs the sampling hides most of it (all of it when the sampling is the longer); on GPUs that
+#: sampler and trainer share it hides none, and the steps' sampling times differ by a few seconds either way.
+#: Measured against the training rather than the whole step, so that noise does not decide a short
+#: training's case (``make bench``: training x0.25 at 20% keep hides 3 s under 30 s of sampling).
+MIN_HIDDEN_SHARE = 0.5
+#: Fresh generation batches (whose surplus is carried) cover a step's need unless the keep rate falls this many
+#: binomial standard deviations short: a step that comes up short waits a whole extra round.
+SPARE_SD = 2.0
+
+
+def batches_for(need: int, batch_size: int, keep_rate: float, spare_sd: float) -> int:
+    """The fewest generation batches whose kept groups, at ``keep_rate``, reach ``need`` even ``spare_sd``
+    standard deviations below their mean (each prompt's group kept or not, independently)."""
+    p = max(keep_rate, 1e-3)
+    n = max(1, math.ceil(need / (p * batch_size)))
+    while n * batch_size * p - spare_sd * math.sqrt(n * batch_size * p * (1 - p)) < need:
+        n += 1
+    return n
+
+
+def overlap_pays(sampling_s: float, training_s: float, overlapped_s: float) -> bool:
+    """Whether a step that trained while the next one sampled (``overlapped_s``: from its update's submit
+    to both done) hid at least ``MIN_HIDDEN_SHARE`` of its training (``training_s``) under that sampling,
+    against an on-policy step's sampling (``sampling_s``) and the same training one after the other."""
+    saved = sampling_s + training_s - overlapped_s
+    return training_s > 0 and saved >= MIN_HIDDEN_SHARE * training_s
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """The auto decision's evidence (``max_steps_off_policy: null``): the last on-policy sampling and the
+    last training waited on alone, in the run's clock's seconds; ``verdict`` once a probe step has run."""
+
+    sampling_s: float | None = None
+    training_s: float | None = None
+    verdict: bool | None = None
+
+    def sample_ahead(self) -> bool:
+        """Sample the next step ahead: the verdict, or the probe once both figures are measured."""
+        if self.verdict is not None:
+            return self.verdict
+        return self.sampling_s is not None and self.training_s is not None
+
+    def sampled(self, seconds: float, groups: int) -> "Overlap":
+        """An on-policy fill; one that sampled nothing (carried groups filled it) says nothing."""
+        return replace(self, sampling_s=seconds) if groups else self
+
+    def trained(self, seconds: float, ahead: bool, update_s: float, groups: int = 0) -> "Overlap":
+        """After a step's update (``seconds`` until it and any sampling ahead, of ``groups``, were done,
+        ``update_s`` until the update was): alone, its training time; the probe (the first step sampled
+        ahead that sampled something), the verdict. The probe's own training time prices the on-policy
+        step it is compared with: a step's training varies with its tokens, and runs at full speed with
+        sampling beside it or not."""
+        if not ahead:
+            return replace(self, training_s=seconds)
+        if self.verdict is None and self.sample_ahead() and groups:  # (a fixed max_steps_off_policy: unmeasured)
+            assert self.sampling_s is not None
+            return replace(self, verdict=overlap_pays(self.sampling_s, update_s, seconds))
+        return self
 
 
 @dataclass(frozen=True)
@@ -43,8 +109,8 @@ class Policy:
     """How much runs at once. :meth:`from_config` is the product's; the two switches exist for
     ``make bench``'s sequential baseline (the loop before any overlap)."""
 
-    max_inflight_gen_batches: int = 4
-    max_steps_off_policy: int = 0
+    max_inflight_gen_batches: int | None = None  # None: as many as the keep rate says the step needs
+    max_steps_off_policy: int | None = None  # None: auto, measured (:class:`Overlap`)
     carry_surplus: bool = True  # False: kept groups beyond batch_size are dropped, not trained next step
     save_behind: bool = True  # False: a checkpoint's save_state is awaited before the next step samples
 
@@ -52,23 +118,36 @@ class Policy:
     def from_config(cls, cfg: DapoConfig) -> "Policy":
         return cls(cfg.max_inflight_gen_batches, cfg.max_steps_off_policy)
 
-    def batches_to_launch(self, need: int, in_flight: int, batch_size: int, keep_rate: float, budget: int) -> int:
-        """How many new generation batches to start now.
+    def batches_to_launch(self, need: int, in_flight: int, batch_size: int, keep_rate: float, budget: int,
+                          fresh: bool = True) -> int:
+        """How many new generation batches to start now, all at once: a batch started after the others
+        return adds a whole round, the tail of its longest sequence.
 
-        Enough that, at the observed keep rate, the batches in flight are expected to fill the
-        remaining ``need``, within ``max_inflight_gen_batches`` and the cap's ``budget``; at least
-        one when nothing is in flight and groups are still needed.
+        ``fresh``: the surplus of a batch started now can be carried into the next step. Then enough
+        that the batches in flight fill the remaining ``need`` unless the keep rate falls ``SPARE_SD``
+        standard deviations short (:func:`batches_for`), at least one when nothing is in flight. Not
+        fresh (sampled ahead, before the update it overlaps is done: a carried group would be two steps
+        old and dropped), only the batches the keep rate expects the step to need, at least one when
+        nothing is in flight. Within the cap's ``budget``, and ``max_inflight_gen_batches`` when set.
         """
         if need <= 0 or budget <= 0:
             return 0
-        expected_per_batch = max(keep_rate, 1e-3) * batch_size
-        wanted = math.ceil(need / expected_per_batch) - in_flight
-        floor = 1 if in_flight == 0 else 0
-        return max(floor, min(wanted, self.max_inflight_gen_batches - in_flight, budget))
+        if fresh:
+            wanted = batches_for(need, batch_size, keep_rate, SPARE_SD) - in_flight
+        else:
+            wanted = round(need / (max(keep_rate, 1e-3) * batch_size)) - in_flight
+        limit = self.max_inflight_gen_batches
+        cap = budget if limit is None else min(budget, limit - in_flight)
+        floor = 1 if in_flight == 0 else 0  # a step that needs groups samples now, not after a wait
+        return max(floor, min(wanted, cap))
 
-    def sample_ahead(self, update: int, n_steps: int) -> bool:
+    def sample_ahead(self, update: int, n_steps: int, overlap: Overlap) -> bool:
         """Whether the step after optimizer step ``update`` samples while ``update`` trains."""
-        return bool(self.max_steps_off_policy) and update < n_steps
+        if update >= n_steps:
+            return False
+        if self.max_steps_off_policy is None:
+            return overlap.sample_ahead()
+        return bool(self.max_steps_off_policy)
 
 
 @dataclass(frozen=True)
@@ -77,6 +156,7 @@ class Filled:
 
     batch: StepBatch
     state: LoopState
+    ahead: bool = False  # sampled while the previous step trained
 
 
 @dataclass(frozen=True)
@@ -127,12 +207,22 @@ class Schedule:
     checkpoint_dir: Path
     ahead: Filled | None = None  # the next step's batch, sampled while this one trained
     pending: PendingCheckpoint | None = None  # its save_state runs while the next step samples
-    clock: float = field(default_factory=time.monotonic)
+    now: Callable[[], float] = time.monotonic  # the service's time as the loop sees it (make bench: simulated)
+    overlap: Overlap = field(default_factory=Overlap)  # the auto decision's evidence
+    clock: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.clock = self.now()
 
     def sampled(self, fill: Callable[[], Filled]) -> Filled:
-        """The next step's batch: the one sampled ahead, or ``fill()`` now. Then the previous checkpoint,
-        whose save ran meanwhile, is written (or the step fails here, before training on)."""
-        filled, self.ahead = self.ahead or fill(), None
+        """The next step's batch: the one sampled ahead, or ``fill()`` now (timed, for the auto overlap).
+        Then the previous checkpoint, whose save ran meanwhile, is written (or the step fails here, before
+        training on)."""
+        filled, self.ahead = self.ahead, None
+        if filled is None:
+            start = self.now()
+            filled = fill()
+            self.overlap = self.overlap.sampled(self.now() - start, len(filled.batch.sampled))
         if self.pending:
             filled = replace(filled, state=filled.state.with_saved_state(self.pending.write(self.checkpoint_dir)))
             self.pending = None
@@ -150,16 +240,33 @@ class Schedule:
         fresh = tuple(g for g in groups if update - 1 - g.sampler_step <= OFF_POLICY_LIMIT)
         return fresh, len(groups) - len(fresh)
 
-    def trained(self, update: Update, step: int, fill_next: Callable[[], Filled]) -> tuple[Any, Any]:
+    def trained(self, update: Update, step: int,
+                fill_next: Callable[[Callable[[], tuple[Any, Any]]], Filled]) -> tuple[Any, Any]:
         """Wait for optimizer step ``step``'s ``update``: (forward_backward output, saved sampler weights).
 
-        When the policy samples ahead, ``fill_next()`` draws the next step's batch first, while the
-        update trains, on the weights sampling now: one step older than the ones it will be trained
-        from. The loop waits on one thread only, so a service can tell its waits from its work.
+        When the policy samples ahead, ``fill_next(update_done)`` draws the next step's batch first, while
+        the update trains, on the weights sampling now: one step older than the ones it will be trained
+        from (``update_done()`` waits for the update, for the fill to sample its weights once they exist).
+        The loop waits on one thread only, so a service can tell its waits from its work.
         """
-        if self.policy.sample_ahead(step, self.n_steps):
-            self.ahead = fill_next()
-        return update.result()
+        ahead, start = self.policy.sample_ahead(step, self.n_steps, self.overlap), self.now()
+        waited: list[float] = []  # until the update was done: its training, overlapped or not
+
+        def update_done() -> tuple[Any, Any]:
+            result = update.result()
+            if not waited:
+                waited.append(self.now() - start)
+            return result
+
+        if ahead:
+            self.ahead = replace(fill_next(update_done), ahead=True)
+        result, seconds, probed = update_done(), self.now() - start, self.overlap
+        groups = len(self.ahead.batch.sampled) if ahead and self.ahead else 0
+        self.overlap = probed.trained(seconds, ahead, waited[0], groups)
+        if probed.verdict is None and self.overlap.verdict is not None:
+            log.info("overlap: sampling %.2fs alone, training %.2fs, %.2fs both overlapped: %s", probed.sampling_s,
+                     waited[0], seconds, "sampling ahead" if self.overlap.verdict else "on-policy from now on")
+        return result
 
     def checkpoint(self, update: Update, state: LoopState) -> None:
         """Checkpoint ``state``, whose save_state was queued with ``update``: written after the next
@@ -180,7 +287,7 @@ class Schedule:
 
     def lap(self) -> float:
         """Seconds of the step so far: since the previous step's record, or the evaluation after it."""
-        return time.monotonic() - self.clock
+        return self.now() - self.clock
 
     @contextmanager
     def untimed(self) -> Iterator[None]:
@@ -188,7 +295,7 @@ class Schedule:
         try:
             yield
         finally:
-            self.clock = time.monotonic()
+            self.clock = self.now()
 
     @contextmanager
     def salvaging(self) -> Iterator[None]:
