@@ -358,7 +358,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     proc.send_signal(signal.SIGINT)  # to the runner only, as a kill -INT would
     out, err = proc.communicate(timeout=120)
     out = "".join(lines) + out
-    assert proc.returncode == 130 and "interrupted" in err
+    assert proc.returncode == 130 and "interrupted" in err, f"exit code {proc.returncode}\n{out[-4000:]}\n{err[-4000:]}"
     assert len(urls) >= 2
     for url in urls[:2]:  # moto and the training-session service no longer listen
         host, port = url[len("http://"):].split(":")
