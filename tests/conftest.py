@@ -48,5 +48,6 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 
 
 
-# The local training-session service fixtures (local_service, service_client, ...).
-pytest_plugins = ["tests.local_service"]
+# The local training-session service fixtures (local_service, service_client, ...), and the toy model one
+# training run teaches for the whole test run (learned_toy).
+pytest_plugins = ["tests.local_service", "tests.learned_toy"]

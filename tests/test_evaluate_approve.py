@@ -2,18 +2,16 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from local.toy_data import write_split
-from steps import evaluate, train
+from steps import evaluate
+from steps.config import load_config
 from steps.dapo import stats
 from steps.gsm8k.data import load_examples
 from steps.gsm8k.task import GSM8K
 from steps.platform import billing
-from tests.local_service import ENDPOINT_ENV_VARS, client_kwargs
 from tests.test_service_wire import control_client
 from tests.test_train import toy_tokenizer
 
@@ -21,22 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, training_service):
-    """A model trained for 20 steps with the real training step, packed as SageMaker packs it."""
-    d = tmp_path_factory.mktemp("trained")
-    train_path, eval_path = write_split(d / "data", 400, 120, seed=5)
-    with pytest.MonkeyPatch.context() as mp:
-        for var in ENDPOINT_ENV_VARS:
-            mp.setenv(var, training_service.url)
-        code = train.main(["--config", str(ROOT / "config/local.yaml"), "--train", str(train_path),
-                           "--eval", str(eval_path), "--model-dir", str(d / "model"), "--output-dir", str(d / "out"),
-                           "--checkpoint-dir", str(d / "ckpt"), "--hyperparameters", str(d / "none.json"),
-                           "--set", "max_steps=20", "--set", "eval_every=0",
-                           "--set", f"model_package_group_arn={client_kwargs()['model_package_group_arn']}"])
-    assert code == 0
-    with tarfile.open(d / "model.tar.gz", "w:gz") as tar:
-        tar.add(d / "model" / "model.json", arcname="model.json")
-    return d, Path(eval_path)
+def trained(learned_toy):
+    """A model trained by the real training step (config/local.yaml's 30 steps: tests/learned_toy.py, the run
+    test_train's test_loop_learns_the_toy_task checks), packed as SageMaker packs it; its 100 held-out questions."""
+    assert learned_toy.code == 0, learned_toy.out
+    return learned_toy.dir, learned_toy.eval
+
+
+#: The steps that model was trained for: config/local.yaml's max_steps.
+STEPS = load_config(ROOT / "config/local.yaml").dapo.max_steps
 
 
 def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_path, local_service):
@@ -76,7 +67,7 @@ def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_p
     assert gain["ci95_low"] >= 0.2 and gain["ci95_low"] < gain["value"] < gain["ci95_high"]
     assert report["metrics"]["pass_at_k"]["value"] > report["base"]["metrics"]["pass_at_k"]["value"]
     # How training ended, for the gate (at least one optimizer step, no guard's stop) and the registry entry.
-    assert report["training"] == {"steps_completed": 20, "stopped_early": False, "stop_reason": "",
+    assert report["training"] == {"steps_completed": STEPS, "stopped_early": False, "stop_reason": "",
                                   "guard": "", "guard_stopped": 0}
     predictions = [json.loads(l) for l in (tmp_path / "t" / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 100
@@ -91,7 +82,7 @@ def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_p
     assert ended and all(p["completion"].endswith("<eos>") for p in ended)
     # Rollouts: the first eval_rollouts (16) questions' answers of both models, side by side.
     shown = [json.loads(l) for l in (tmp_path / "t" / "rollouts.jsonl").read_text().splitlines()]
-    assert [(r["model"], r["step"]) for r in shown] == [("base", 0)] * 16 + [("trained", 20)] * 16
+    assert [(r["model"], r["step"]) for r in shown] == [("base", 0)] * 16 + [("trained", STEPS)] * 16
     assert [r["question"] for r in shown[:16]] == [r["question"] for r in shown[16:]] == \
         [p["question"] for p in predictions[:16]]
     assert {"question", "completion", "extracted", "gold", "reward"} <= set(shown[0])

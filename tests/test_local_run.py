@@ -355,10 +355,13 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
         urls += re.findall(r"http://127\.0\.0\.1:\d+", line)
         if line.startswith("[TrainDAPO] train: step=11 "):
             break
+    running = proc.poll() is None  # for the failure message: a run already over cannot be interrupted
     proc.send_signal(signal.SIGINT)  # to the runner only, as a kill -INT would
     out, err = proc.communicate(timeout=120)
     out = "".join(lines) + out
-    assert proc.returncode == 130 and "interrupted" in err
+    assert proc.returncode == 130 and "interrupted" in err, (
+        f"exit code {proc.returncode}; the run was {'still running' if running else 'over'} when SIGINT was sent\n"
+        f"{out[-4000:]}\n{err[-4000:]}")
     assert len(urls) >= 2
     for url in urls[:2]:  # moto and the training-session service no longer listen
         host, port = url[len("http://"):].split(":")

@@ -1,7 +1,7 @@
 """The pipeline definition, built offline and checked as the JSON SageMaker receives.
 
-Building a definition costs the SDK seconds (it re-validates its config schema
-on every lookup), so one cached build of config/local.yaml serves every test.
+Building a definition costs the SDK a second or more (make_session spares it re-checking its config
+schema at every lookup), so one cached build of config/local.yaml serves every test.
 """
 from __future__ import annotations
 
@@ -120,6 +120,23 @@ def test_the_sdk_sees_telemetry_opted_out():
     session = make_session("us-west-2", "bucket", offline_boto_session("us-west-2"))
     opted_out = resolve_value_from_config(None, TELEMETRY_OPT_OUT_PATH, default_value=False, sagemaker_session=session)
     assert opted_out is True
+
+
+def test_the_sdk_still_validates_its_config_at_each_lookup_against_its_schema_checked_once():
+    """make_session swaps the SDK's per-lookup ``jsonschema.validate`` (which re-checks the SDK's constant schema
+    against the meta-schema every time) for the same validation with the schema checked once."""
+    from jsonschema.exceptions import ValidationError
+    from sagemaker.core.config.config_manager import SageMakerConfig
+
+    from pipeline.pipeline import SAGEMAKER_CONFIG
+
+    make_session("us-west-2", "bucket", offline_boto_session("us-west-2"))
+    assert getattr(SageMakerConfig.validate_sagemaker_config, "schema_checked_once", False)
+    SageMakerConfig().validate_sagemaker_config(SAGEMAKER_CONFIG)
+    with pytest.raises(ValidationError, match="'Bogus' was unexpected"):
+        SageMakerConfig().validate_sagemaker_config({**SAGEMAKER_CONFIG, "Bogus": 1})
+    with pytest.raises(ValidationError):
+        SageMakerConfig().validate_sagemaker_config({"SchemaVersion": "2.0"})
 
 
 def test_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):

@@ -63,13 +63,14 @@ def running_sessions(service):
 
 
 # -- the loop learns ---------------------------------------------------------------------
-def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
+def test_loop_learns_the_toy_task(learned_toy, local_service):
+    """The training run is tests/learned_toy.py's (test_evaluate_approve evaluates the same model)."""
     from sagemaker.train.training_session import ServiceClient
 
     cfg = load_config(LOCAL_CONFIG)
-    assert train.main(argv(tmp_path, toy_data)) == 0
-    out = capsys.readouterr().out
-    steps = step_records(tmp_path)
+    assert learned_toy.code == 0, learned_toy.out
+    out = learned_toy.out
+    steps = step_records(learned_toy.dir)
     n = cfg.dapo.max_steps
     assert [r["step"] for r in steps] == list(range(1, n + 1)) and n <= 40
     # One machine-parsable sampling line and one train line per step.
@@ -77,8 +78,8 @@ def test_loop_learns_the_toy_task(tmp_path, toy_data, local_service, capsys):
     assert sum(l.startswith("train: step=") for l in out.splitlines()) == n
 
     # Greedy accuracy of the trained model vs the base model on the same held-out questions.
-    model = json.loads((tmp_path / "model" / "model.json").read_text())
-    evaluation = load_examples(toy_data[1])[: cfg.dapo.eval_size]
+    model = json.loads((learned_toy.dir / "model" / "model.json").read_text())
+    evaluation = load_examples(learned_toy.eval)[: cfg.dapo.eval_size]
     tok = toy_tokenizer()
     with ServiceClient(**client_kwargs()).create_sampling_client(base_model=BASE_MODEL_ARN) as base:
         base_acc = evaluate_greedy(base, GSM8K, tok, evaluation, cfg.dapo.max_tokens).accuracy
