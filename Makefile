@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 
 test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides parameters
 	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))

@@ -4,7 +4,9 @@ tests/test_train.py asserts that it learned (test_loop_learns_the_toy_task); tes
 evaluates it as EvaluateModel does. One 30-step training serves both (each trained its own before).
 
 Load with ``pytest_plugins`` in ``tests/conftest.py`` (a fixture in a plugin is one fixture, computed once;
-imported into two test modules it would be two).
+imported into two test modules it would be two). Under ``make test``'s two pytest-xdist workers it is
+computed once per worker that runs a test using it: xdist's ``loadgroup`` would keep those tests on one worker,
+but xdist 3.8 cannot rename a pytest 9.2 node, so its groups do nothing there.
 """
 from __future__ import annotations
 
