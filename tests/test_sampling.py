@@ -104,7 +104,7 @@ def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
         (4, 0, 0.25, 2, 4, True, 2),  # ... never past the budget
         (4, 1, 0.5, 10, 4, False, 1),  # sampled ahead: only what the keep rate expects, one in flight covers half
         (4, 2, 0.5, 10, 4, False, 0),  # ... two cover it all: no spare on weights about to be replaced
-        (1, 0, 0.5, 10, 4, False, 1),  # ... half a batch expected, but nothing in flight: one now, not after a wait
+        (1, 0, 0.5, 10, 4, False, 1),  # ... half a batch expected: one now, not after a wait
         (0, 0, 0.5, 10, 4, True, 0),  # full
         (4, 0, 0.0, 10, 2, True, 2),  # nothing kept yet: bounded by max_inflight
     ],
@@ -173,6 +173,7 @@ def test_a_grading_error_is_a_bug_not_a_failed_sample():
         (32, 0, 1.0, 10, True, 1),  # everything kept so far: one batch
         (32, 0, 0.2, 10, True, 7),  # a fifth kept: five expected, two spares (SPARE_SD), all at once; no cap of 4
         (32, 0, 0.2, 10, False, 5),  # sampled ahead on weights about to be replaced: the five expected only
+        (32, 0, 0.19, 10, False, 6),  # ... 5.3 expected, rounded up: five would come up short more often than not
         (32, 0, 0.1, 6, True, 6),  # never past max_num_gen_batches' budget
         (32, 3, 0.2, 10, True, 4),  # three in flight count
         (10, 0, 0.5, 10, True, 1),  # one batch brings 16 on average, 10 even two deviations short
