@@ -135,10 +135,8 @@ class Policy:
         """
         if need <= 0 or budget <= 0:
             return 0
-        if fresh:
-            wanted = batches_for(need, batch_size, keep_rate, SPARE_SD) - in_flight
-        else:
-            wanted = math.ceil(need / (max(keep_rate, 1e-3) * batch_size)) - in_flight
+        spare_sd = SPARE_SD if fresh else 0.0  # not fresh: the expected batches only, rounded up
+        wanted = batches_for(need, batch_size, keep_rate, spare_sd) - in_flight
         limit = self.max_inflight_gen_batches
         cap = budget if limit is None else min(budget, limit - in_flight)
         return max(0, min(wanted, cap))
