@@ -188,12 +188,10 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
                           checkpoint_dir=Path(args.checkpoint_dir), meter=meter)
         outcome = trainer.run(start)
     finally:
-        try:
-            training_client.stop()  # first: the session is what is billed
-            session["stopped"] = True
-            log.info("training session %s stopped", training_client.training_session_name)
+        try:  # first: the session is what is billed
+            stop_session(training_client, session, failing=outcome is None)
         finally:  # also when the stop failed (its service unreachable): the MLflow run ends either way
-            if tracker is not None and outcome is None:  # training ended with an error
+            if tracker is not None and (outcome is None or not session.get("stopped")):
                 tracker.finish("FAILED")
     # What the session billed, read once it is stopped (its count is final then), beside the client's count.
     name = training_client.training_session_name
@@ -207,6 +205,22 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
           f"model_package_arn={state.sampler_model_package_arn}" + (f" guard={state.guard}" if state.guard else ""),
           flush=True)
     return 0
+
+
+def stop_session(training_client: Any, session: dict[str, Any], *, failing: bool) -> None:
+    """Stop the billed session. While a training error is propagating, a stop that fails too is logged, not
+    raised: the error that ended training is the one the step reports (a dead service fails both, and its stop
+    error used to replace the training error); the hint then says the session could not be stopped."""
+    try:
+        training_client.stop()
+    except Exception:
+        if not failing:
+            raise
+        log.warning("stopping training session %s failed as well", training_client.training_session_name,
+                    exc_info=True)
+        return
+    session["stopped"] = True
+    log.info("training session %s stopped", training_client.training_session_name)
 
 
 def session_hint(session: dict[str, Any]) -> str:

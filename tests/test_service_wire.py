@@ -487,6 +487,30 @@ def _http(url: str, data: bytes | None = None, headers: dict | None = None) -> t
         return e.code, json.loads(e.read())
 
 
+def test_each_answer_leaves_in_one_write(local_service, monkeypatch):
+    """Headers and body in one socket write: botocore reads a body cut short as empty (it does not enforce
+    Content-Length), so a service killed between two writes answered a submit with no operationId and the SDK
+    raised KeyError('operationId') rather than finding the service gone (test_local_run's dead-service test)."""
+    import socket
+
+    writes: list[bytes] = []
+    for name in ("send", "sendall"):
+        real = getattr(socket.socket, name)
+
+        def spy(sock, data, *args, _real=real):
+            if sock.getsockname()[1] == local_service.port:  # the service's side of the connection
+                writes.append(bytes(data))
+            return _real(sock, data, *args)
+        monkeypatch.setattr(socket.socket, name, spy)
+    with pytest.raises(ClientError, match="ResourceNotFound"):  # an AWS answer, through botocore
+        control_client(local_service.url).describe_training_session(TrainingSessionName="no-such-session")
+    status, body = _http(f"{local_service.url}/_admin/faults")
+    assert status == 200 and body["faults"]["latency_ms"] == 0
+    answers = [w for w in writes if w.startswith(b"HTTP/1.1 ")]
+    assert len(answers) == len(writes) >= 2, [w[:40] for w in writes]  # the error and the settings
+    assert all(w.endswith(b"}") for w in answers), [w[-40:] for w in answers]
+
+
 def test_admin_routes_report_sessions_and_validate_faults(local_service):
     name = raw_session(local_service.url)
     status, body = _http(f"{local_service.url}/_admin/sessions")

@@ -327,6 +327,30 @@ def test_an_unexpected_error_mid_training_is_a_failure_with_a_resume_hint(tmp_pa
     assert [s["status"] for s in local_service.sessions() if s["name"] not in before] == ["Stopped"]
 
 
+def test_a_stop_that_fails_too_does_not_replace_the_training_error(tmp_path, toy_data, local_service, monkeypatch,
+                                                                   capsys):
+    """A dead service fails the training call and then the stop: the step reports the training error and says the
+    session could not be stopped (the stop's error used to replace it). Here the session is gone by the time the
+    step stops it, so the StopTrainingSession the SDK sends over the wire is refused."""
+    from steps.dapo import loop
+
+    before = {s["name"] for s in local_service.sessions()}
+    backend = local_service.state.backend
+
+    def datums_of_a_session_gone(samples, aggregation):
+        [name] = [s["name"] for s in local_service.sessions() if s["name"] not in before]
+        backend.stop_session(name)
+        backend.delete_session(name)
+        raise ValueError("a bug in step 1")
+
+    monkeypatch.setattr(loop, "build_datums", datums_of_a_session_gone)
+    assert train.main(argv(tmp_path, toy_data, "batch_size=4", "max_steps=2")) == 1
+    err = capsys.readouterr().err
+    [line] = [x for x in err.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: ValueError: a bug in step 1; the training session ") and \
+        "could not be stopped from here" in line, line
+
+
 def test_too_small_dataset_never_creates_a_session(tmp_path, toy_data, local_service, capsys):
     small = tmp_path / "small.jsonl"
     small.write_text("".join(toy_data[0].read_text().splitlines(keepends=True)[:5]))

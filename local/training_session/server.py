@@ -131,8 +131,12 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the SDK reuses pooled connections
-    # Headers and body go out in separate writes; with Nagle on, the body waits
-    # for the client's delayed ACK and every response costs ~40 ms.
+    # Headers and body leave in one write (http.server sends them in two, unbuffered): botocore reads a body cut
+    # short as empty (it does not enforce Content-Length), so a service killed between the two writes answered a
+    # submit with "no operationId" and the SDK raised KeyError instead of seeing the service gone. A body up to
+    # the buffer's size (every submit's answer) is all or nothing; handle_one_request flushes after each request.
+    wbufsize = 1 << 16
+    # With Nagle on, a response larger than the buffer (headers, then body) waits for the client's delayed ACK.
     disable_nagle_algorithm = True
     server: _Server
 
@@ -197,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("x-amzn-ErrorType", response.error_code)
         self.end_headers()
         self.wfile.write(data)
+        self.wfile.flush()
 
 
 # -- admin routes (not AWS) ---------------------------------------------------------------
