@@ -34,7 +34,7 @@ from steps.gsm8k.task import GSM8K
 from steps.platform import billing, files, tracking
 from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name
-from steps.platform.session import lora_kwargs, service_client
+from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
 
 MODELS = ("base", "trained")
@@ -175,6 +175,7 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
     name = this_jobs_session_name(service, cfg.session.region)
     meter = billing.TokenMeter(prices=cfg.session.prices)
     training_client = service.create_lora_training_client(**lora_kwargs(cfg.session, name))
+    results: dict[str, EvalResult] | None = None
     try:
         arns = {"base": "", "trained": model_package_arn}
         shaping = RewardShaping(d.max_tokens, d.overlong_buffer, d.overlong_penalty, d.reward_format)
@@ -185,8 +186,8 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
                                   seed=d.seed, shaping=shaping, meter=meter)
             for model in MODELS}
         results = {model: pending[model].result() for model in MODELS}
-    finally:
-        training_client.stop()  # first: the session is what is billed
+    finally:  # first: the session is what is billed
+        stop_session(training_client, failing=results is None)
     name = training_client.training_session_name
     return results, billing.block(meter.total, billing.service_count(name, cfg.session.region), name,
                                   cfg.session.prices)

@@ -32,7 +32,7 @@ from steps.gsm8k.task import GSM8K
 from steps.platform import billing, tracking
 from steps.platform.artifacts import write_model_json
 from steps.platform.ownership import this_jobs_session_name
-from steps.platform.session import lora_kwargs, service_client
+from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
 
 log = logging.getLogger("steps.train")
@@ -188,8 +188,8 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
                           checkpoint_dir=Path(args.checkpoint_dir), meter=meter)
         outcome = trainer.run(start)
     finally:
-        try:  # first: the session is what is billed
-            stop_session(training_client, session, failing=outcome is None)
+        try:  # first: the session is what is billed; the hint says if it could not be stopped
+            session["stopped"] = stop_session(training_client, failing=outcome is None)
         finally:  # also when the stop failed (its service unreachable): the MLflow run ends either way
             if tracker is not None and (outcome is None or not session.get("stopped")):
                 tracker.finish("FAILED")
@@ -205,22 +205,6 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
           f"model_package_arn={state.sampler_model_package_arn}" + (f" guard={state.guard}" if state.guard else ""),
           flush=True)
     return 0
-
-
-def stop_session(training_client: Any, session: dict[str, Any], *, failing: bool) -> None:
-    """Stop the billed session. While a training error is propagating, a stop that fails too is logged, not
-    raised: the error that ended training is the one the step reports (a dead service fails both, and its stop
-    error used to replace the training error); the hint then says the session could not be stopped."""
-    try:
-        training_client.stop()
-    except Exception:
-        if not failing:
-            raise
-        log.warning("stopping training session %s failed as well", training_client.training_session_name,
-                    exc_info=True)
-        return
-    session["stopped"] = True
-    log.info("training session %s stopped", training_client.training_session_name)
 
 
 def session_hint(session: dict[str, Any]) -> str:

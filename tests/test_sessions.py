@@ -325,3 +325,26 @@ def test_make_targets_pass_the_config_and_yes():
                           capture_output=True, text=True, check=True).stdout
     assert "-m pipeline.sessions --config c.yaml\n" in make
     assert "-m pipeline.sessions --config c.yaml --stop-orphans --yes" in make
+
+
+def test_a_stop_that_fails_is_raised_unless_an_error_is_already_propagating(service_client, local_service, caplog):
+    """steps/platform/session.stop_session, which TrainDAPO and EvaluateModel stop their sessions with: a session
+    gone behind the step's back refuses the SDK's StopTrainingSession over the wire. With the step's own error
+    propagating the refusal is logged and the stop reports False (that error is the one the step names); without,
+    the refusal is the step's error."""
+    from botocore.exceptions import ClientError
+
+    from steps.platform.session import stop_session
+
+    tc = service_client.create_lora_training_client(base_model=BASE_MODEL_ARN)
+    local_service.state.backend.stop_session(tc.training_session_name)
+    local_service.state.backend.delete_session(tc.training_session_name)
+    with caplog.at_level(logging.WARNING, logger="steps.session"):
+        assert stop_session(tc, failing=True) is False
+    assert f"stopping training session {tc.training_session_name} failed as well" in caplog.text
+    with pytest.raises(ClientError, match="ResourceNotFound"):
+        stop_session(tc, failing=False)
+    live = service_client.create_lora_training_client(base_model=BASE_MODEL_ARN)
+    assert stop_session(live, failing=False) is True
+    assert {"name": live.training_session_name, "status": "Stopped"}.items() <= next(
+        s for s in local_service.sessions() if s["name"] == live.training_session_name).items()

@@ -134,7 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body leave in one write (http.server sends them in two, unbuffered): botocore reads a body cut
     # short as empty (it does not enforce Content-Length), so a service killed between the two writes answered a
     # submit with "no operationId" and the SDK raised KeyError instead of seeing the service gone. A body up to
-    # the buffer's size (every submit's answer) is all or nothing; handle_one_request flushes after each request.
+    # the buffer's size (every submit's answer) is all or nothing: `_send` flushes the two writes together.
     wbufsize = 1 << 16
     # With Nagle on, a response larger than the buffer (headers, then body) waits for the client's delayed ACK.
     disable_nagle_algorithm = True

@@ -13,12 +13,15 @@ ServiceClient's ``vpc_config`` and ``kms_key_arn``).
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from steps.cli import Refused
 from steps.config import SessionConfig
+
+log = logging.getLogger("steps.session")
 
 ENV_SUBNETS = "DAPO_SESSION_SUBNETS"
 ENV_SECURITY_GROUPS = "DAPO_SESSION_SECURITY_GROUP_IDS"
@@ -87,3 +90,19 @@ def lora_kwargs(cfg: SessionConfig, name: str | None = None) -> dict[str, Any]:
     for the SDK to name it."""
     kwargs = {"base_model": cfg.base_model, "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
     return {**kwargs, "training_session_name": name} if name else kwargs
+
+
+def stop_session(training_client: Any, *, failing: bool) -> bool:
+    """Stop the billed session; whether it stopped. While a step's error is propagating (``failing``), a stop
+    that fails too is logged, not raised: the error that ended the work is the one the step reports (a dead
+    service fails both, and the stop's error used to replace the first)."""
+    name = training_client.training_session_name
+    try:
+        training_client.stop()
+    except Exception:
+        if not failing:
+            raise
+        log.warning("stopping training session %s failed as well", name, exc_info=True)
+        return False
+    log.info("training session %s stopped", name)
+    return True
