@@ -1,4 +1,5 @@
-"""``make bench`` (``python -m bench``): measure, write bench/results.json, refresh bench/README.md and README.md.
+"""``make bench`` (``python -m bench``): measure, write bench/results.json, refresh bench/README.md and
+docs/benchmarks.md.
 
 The training loops run against the local service's cost model in a matrix of cost scenarios
 (``bench/loops.py``), so their figures are simulated GPU seconds of a ~30B model's service, read
@@ -90,10 +91,10 @@ def render(results: dict[str, Any]) -> int:
     """The plot and the tables of the READMEs, from ``results``."""
     report.plot_loops(results, HERE / "loops.png")
     report.update_readme(HERE / "README.md", report.render(results))
-    report.update_readme(ROOT / "README.md", report.render_summary(results))
+    report.update_readme(ROOT / "docs" / "benchmarks.md", report.render_summary(results))
     print(report.render(results))
     print(f"\nwrote {HERE / 'results.json'}, {HERE / 'loops.png'} and the tables in {HERE / 'README.md'} and "
-          f"{ROOT / 'README.md'}")
+          f"{ROOT / 'docs' / 'benchmarks.md'}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Markdown tables and the plot of bench/results.json, and their places in bench/README.md and README.md."""
+"""Markdown tables and the plot of bench/results.json, and their places in bench/README.md and docs/benchmarks.md."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -216,7 +216,7 @@ def render(results: dict) -> str:
 
 
 def render_summary(results: dict) -> str:
-    """README.md's bench section: steps per hour per scenario, the targets, the plot."""
+    """docs/benchmarks.md's results: steps per hour per scenario, the targets, the plot."""
     rows = []
     for sc in scenarios(results):
         for k in keeps(results):
@@ -229,7 +229,7 @@ def render_summary(results: dict) -> str:
         header(results),
         table(("scenario", "keep", "sequential steps/h", "default steps/h", "pipelined steps/h", "default chose",
                "default / critical path", "default sampled/trained vs sequential"), rows),
-        "![steps per hour per scenario, loop and keep rate](bench/loops.png)",
+        "![steps per hour per scenario, loop and keep rate](../bench/loops.png)",
         table(("target", "bound", "measured"), targets(results)),
     ])
 

@@ -103,10 +103,10 @@ def test_default_yaml_documents_every_key_with_the_models_default():
                 assert raw[section][name] == default, f"{section}.{name}"
 
 
-def test_readme_parameter_table_is_the_parameter_table():
+def test_the_documented_parameter_table_is_the_parameter_table():
     from pathlib import Path
 
     from steps.config.parameters import markdown_table
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert markdown_table() in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert markdown_table() in page

@@ -1,4 +1,4 @@
-"""The public-SDK example script works against the local service, as the README says."""
+"""The public-SDK example script works against the local service, as docs/local-run.md says."""
 import os
 import re
 import subprocess

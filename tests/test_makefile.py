@@ -1,5 +1,6 @@
 """The Makefile does what its help says: `make` alone lists every target, variables reach the commands, and the
-README says how to run the `python -m` commands in `.venv`. `make -n` prints the commands without running them."""
+README and docs/local-run.md say how to run the `python -m` commands in `.venv`. `make -n` prints the commands
+without running them."""
 from __future__ import annotations
 
 import re
@@ -47,8 +48,11 @@ def test_mlflow_ui_serves_the_local_runs_store_on_loopback():
     assert f"mlflow ui --backend-store-uri sqlite:///{ROOT}/runs/mlflow.db --host 127.0.0.1 --port 5123" in out
 
 
-def test_readme_shows_activating_the_venv_before_python_m_and_mlflow_ui():
+def test_the_docs_show_activating_the_venv_before_python_m_and_mlflow_ui():
     readme = (ROOT / "README.md").read_text()
-    start = readme.split("## Start here", 1)[1].split("\n## ", 1)[0]
-    assert "source .venv/bin/activate" in start and "make mlflow-ui" in start
-    assert 'make local-run PARAMS="MaxSteps=5 BatchSize=8"' in start and "make help" in start
+    assert "source .venv/bin/activate" in readme and "make mlflow-ui" in readme
+    assert 'make local-run PARAMS="MaxSteps=5 BatchSize=8"' in readme
+    page = (ROOT / "docs" / "local-run.md").read_text()
+    commands = page.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    assert "source .venv/bin/activate" in commands and "make mlflow-ui" in commands
+    assert 'make local-run PARAMS="MaxSteps=5 BatchSize=8"' in commands and "make help" in commands
