@@ -169,7 +169,7 @@ class PipelineConfig(Section):
     training_instance_type: str = Field("ml.m5.xlarge", pattern=r"^ml\.", json_schema_extra=_INSTANCE_RULE)
     accuracy_threshold: float = Field(0.5, ge=0, le=1)
     # The gate's paired test: approve only when the 95% lower bound of (trained - base) accuracy is at least
-    # this. 0: the adapter is shown not worse than its base model; 0.02: at least 2 points better.
+    # this. 0: the adapter is shown better than its base model (one-sided, 2.5%); 0.02: at least 2 points better.
     min_improvement: float = Field(0.0, ge=-1, le=1)
     max_runtime_seconds: int = Field(86400, ge=1, le=MAX_TRAINING_RUNTIME,
                                      json_schema_extra={"why": "SageMaker's limit"})
