@@ -19,6 +19,16 @@ answers at once (``####`` is the most likely first token). Its arithmetic is
 vague (a low precision), it under-counts the second operand (85% of it after a
 plus verb, 60% after a minus verb) and it likes round numbers after ``####``:
 low accuracy (about 15%, greedy too) with plenty of room for RL to improve.
+
+It follows the other built-in answer formats only partly, as a model tuned
+mostly on GSM8K would: when the prompt asks for ``\\boxed{}``, for "The answer
+is:" or for an option's letter (:func:`model.read_prompt`), 45% of its answers
+take the asked form (``\\boxed { N }``, ``the answer is : N``, ``the answer is :
+B``) and the rest stay ``#### N``, which greedy decoding always writes: a strict
+accuracy of 0 greedy and about 5-10% sampled, that RL raises by learning the form
+and the arithmetic together. For a multiple-choice prompt the head scores each
+option's letter by its number, so the letter picked is the option nearest the
+model's (vague) sum. GSM8K prompts sample exactly as before these forms existed.
 """
 from __future__ import annotations
 
