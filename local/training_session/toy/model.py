@@ -162,17 +162,17 @@ def read_prompt(prompt: Sequence[int]) -> PromptInfo:
         fmt = ANSWER_IS
     else:
         fmt = HASH
-    cues, cue_values = cue_terms(prompt)
+    cues, cue_values = cue_terms(prompt, options_too=fmt != CHOICE)
     return PromptInfo(fmt, values if fmt == CHOICE else NO_OPTIONS, cues, cue_values)
 
 
-def cue_terms(context: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(flat cue_weights index, n / VALUE_SCALE) for each number n and neighbour in ``context``,
-    but the numbers of ``<letter> )`` options."""
+def cue_terms(context: Sequence[int], options_too: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(flat cue_weights index, n / VALUE_SCALE) for each number n and neighbour in ``context``
+    (without ``options_too``, not the numbers of ``<letter> )`` options)."""
     cues, values = [], []
     for i, tok in enumerate(context):
         n = NUMBER_VALUE[tok]
-        if n < 0 or (i >= 2 and context[i - 1] == PAREN and context[i - 2] in LETTER_IDS):
+        if n < 0 or (not options_too and i >= 2 and context[i - 1] == PAREN and context[i - 2] in LETTER_IDS):
             continue
         for role, j in ((BEFORE, i - 1), (AFTER, i + 1)):
             if 0 <= j < len(context):
