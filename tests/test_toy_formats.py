@@ -122,6 +122,31 @@ def test_the_options_give_their_letters_values():
     assert M.read_prompt(TOK.encode("ann has 3 apples ( a ) 5 pens")).format == M.HASH
 
 
+@pytest.mark.parametrize("fmt", list(INSTRUCTIONS))
+def test_the_hugging_face_files_read_each_format_as_the_toy_does(fmt):
+    """The steps load the toy's tokenizer from its Hugging Face files: same prompt ids, same decoded answers."""
+    from local.training_session.toy.tokenizer import HF_FILES
+
+    hf = load_tokenizer(None, None, HF_FILES)
+    policy = Policy.base()
+    for i, ex in enumerate(examples(20, seed=6, fmt=fmt)):
+        prompt = prompt_tokens(ex, fmt)
+        assert StrictTask(fmt).prompt(ex, hf, {}) == prompt
+        for seq in policy.sample(prompt, 4, 512, seed=i):
+            assert hf.decode(seq.tokens, skip_special_tokens=False) == TOK.decode(seq.tokens, skip_special_tokens=False)
+
+
+def test_boxed_is_one_token_and_decodes_as_the_strict_readings_want():
+    from local.training_session.toy.tokenizer import HF_FILES
+
+    text = 'so \\boxed{12} \\boxed { 7 }; "The answer is: B" \\frac{1}{2}'
+    assert load_tokenizer(None, None, HF_FILES).encode(text, add_special_tokens=False) == TOK.encode(text)
+    assert TOK.convert_ids_to_tokens(TOK.encode("\\boxed{12}")) == ["\\boxed", "{", "12", "}"]
+    decoded = TOK.decode(TOK.encode(text))
+    assert decoded == 'so \\boxed { 12 } \\boxed { 7 } ; " the answer is : b " { 1 } { 2 }'  # "\\frac" is <unk>
+    assert STRICT["boxed"].findall(decoded) == ["12", "7"] and STRICT["choice"].findall(decoded) == ["b"]
+
+
 # ---- the base model: partly following ---------------------------------------------------------
 
 
