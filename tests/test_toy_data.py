@@ -1,4 +1,5 @@
-"""The GSM8K-format toy dataset that `make local-run` trains on."""
+"""The toy datasets: the GSM8K-format one `make local-run` trains on, and the same questions in the other
+built-in answer formats."""
 from __future__ import annotations
 
 import json
@@ -62,11 +63,48 @@ def test_write_split_files_are_disjoint_and_reproducible(tmp_path):
     assert [p.read_bytes() for p in again] == [train.read_bytes(), eval_.read_bytes()]
 
 
-def test_cli_writes_the_split(tmp_path, capsys):
+def test_cli_writes_the_split_as_make_data_reads_it(tmp_path, capsys):
+    from pipeline.data import source_files
+
     toy_data.main(["--out", str(tmp_path), "--train", "30", "--eval", "5", "--seed", "1"])
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 30
-    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 5
-    assert "wrote 30 rows" in capsys.readouterr().out
+    assert len((tmp_path / "test.jsonl").read_text().splitlines()) == 5
+    assert "wrote 30 gsm8k rows" in capsys.readouterr().out
+    assert source_files(tmp_path) == {"train": tmp_path / "train.jsonl", "test": tmp_path / "test.jsonl"}
+
+
+@pytest.mark.parametrize("fmt, fields", [("gsm8k", {"question", "answer"}), ("boxed", {"problem", "solution"}),
+                                         ("answer_is", {"question", "answer"}),
+                                         ("choice", {"question", "choices", "answer"})])
+def test_each_format_asks_the_same_questions_with_the_right_gold_answer(fmt, fields, tmp_path):
+    toy_data.main(["--out", str(tmp_path), "--format", fmt, "--train", "40", "--eval", "10", "--seed", "2"])
+    rows = [json.loads(line) for name in ("train", "test")
+            for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert [r.get("question", r.get("problem")) for r in rows] == [r["question"] for r in toy_data.generate_rows(50, 2)]
+    for row in rows:
+        assert set(row) == fields
+        c = _solve(row.get("question", row.get("problem")))
+        if fmt == "boxed":
+            assert row["solution"].endswith(f"= \\boxed{{{c}}}.")
+        elif fmt == "answer_is":
+            assert row["answer"].endswith(f"= {c}.\nThe answer is: {c}")
+        elif fmt == "choice":
+            values = [int(v) for v in row["choices"]]
+            assert len(set(values)) == 4 and all(v >= 0 and abs(v - c) <= 3 for v in values)
+            assert values["ABCD".index(row["answer"])] == c
+
+
+def test_choice_rows_put_the_right_answer_under_every_letter():
+    letters = [r["answer"] for r in toy_data.generate_rows(400, seed=3, fmt="choice")]
+    assert all(0.15 <= letters.count(x) / len(letters) <= 0.35 for x in "ABCD")
+
+
+def test_an_unknown_format_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        toy_data.main(["--out", str(tmp_path), "--format", "latex"])
+    assert exc.value.code == 2 and "invalid choice: 'latex'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown format 'latex'; use one of gsm8k, boxed, answer_is, choice"):
+        toy_data.generate_rows(3, seed=0, fmt="latex")
 
 
 @pytest.mark.parametrize("argv", [["--train", "-1"], ["--train", str(toy_data.MAX_ROWS)]])
@@ -78,10 +116,11 @@ def test_cli_refuses_impossible_counts(tmp_path, argv, capsys):
     assert not list(tmp_path.iterdir())
 
 
-def test_the_toy_tokenizer_covers_every_word_and_number():
+@pytest.mark.parametrize("fmt", toy_data.FORMATS)
+def test_the_toy_tokenizer_covers_every_word_and_number(fmt):
     tok = ToyTokenizer()
-    for row in toy_data.generate_rows(300, seed=2):
-        for text in (row["question"], row["answer"]):
+    for row in toy_data.generate_rows(300, seed=2, fmt=fmt):
+        for text in [v for v in row.values() if isinstance(v, str)] + row.get("choices", []):
             ids = tok.encode(text)
             assert tok.unk_token_id not in ids, text
             numbers = re.findall(r"\d+", text)

@@ -19,6 +19,16 @@ answers at once (``####`` is the most likely first token). Its arithmetic is
 vague (a low precision), it under-counts the second operand (85% of it after a
 plus verb, 60% after a minus verb) and it likes round numbers after ``####``:
 low accuracy (about 15%, greedy too) with plenty of room for RL to improve.
+
+It follows the other built-in answer formats only partly, as a model tuned
+mostly on GSM8K would: when the prompt asks for ``\\boxed{}``, for "The answer
+is:" or for an option's letter (:func:`model.read_prompt`), 45% of its answers
+take the asked form (``\\boxed { N }``, ``the answer is : N``, ``the answer is :
+B``) and the rest stay ``#### N``, which greedy decoding always writes: a strict
+accuracy of 0 greedy and about 5-10% sampled, that RL raises by learning the form
+and the arithmetic together. For a multiple-choice prompt the head scores each
+option's letter by its number, so the letter picked is the option nearest the
+model's (vague) sum. GSM8K prompts sample exactly as before these forms existed.
 """
 from __future__ import annotations
 
@@ -215,16 +225,17 @@ def _sample_one(picker: "_Picker", prompt: list[int], max_tokens: int, rng: np.r
                 stop: list[str]) -> SampledSeq:
     seq = list(prompt)
     last = max((i for i, tok in enumerate(seq) if tok == M.ASSISTANT), default=-1)
-    mu = _centre(picker.params, seq, last)
+    reader = _Reader(picker.params, seq, last)
     tokens: list[int] = []
     logprobs: list[float] = []
     draws = rng.random(max_tokens) if picker.temperature > 0 else np.zeros(max_tokens)
     for u in draws.tolist():
         t = len(seq) - 1
         if seq[t] == M.ASSISTANT and t != last:
-            last, mu = t, _centre(picker.params, seq, t)
-        tok, logprob = picker.pick(seq[t], M.offset_row(t, last), mu if seq[t] == M.HASHES and last >= 0 else None, u)
+            last, reader = t, _Reader(picker.params, seq, t)
+        tok, logprob = picker.pick(seq[t], M.offset_row(t, last), reader, u)
         seq.append(tok)
+        reader.saw(tok)
         tokens.append(tok)
         logprobs.append(logprob)
         if tok == M.EOS or (stop and any(s in M.TOKENIZER.decode(tokens) for s in stop)):
@@ -232,12 +243,23 @@ def _sample_one(picker: "_Picker", prompt: list[int], max_tokens: int, rng: np.r
     return SampledSeq(tokens, logprobs, "length")
 
 
-def _centre(p: M.Params, seq: list[int], last: int) -> float:
-    """The head's mu for a completion that starts after position ``last``."""
-    if last < 0:
-        return 0.0
-    cues, values = M.cue_terms(seq[:last])
-    return float(p.head[0] + p.cue_weights.reshape(-1)[cues] @ values)
+class _Reader:
+    """What the features (model.features) see of a completion that starts after position ``last``:
+    its prompt's format row, the head's centre and values, and the braces it has opened."""
+
+    def __init__(self, p: M.Params, seq: list[int], last: int) -> None:
+        self.in_completion = last >= 0
+        info = M.read_prompt(seq[:max(last, 0)])
+        self.format_row = M.FORMAT_ROW0 + info.format - 1 if self.in_completion and info.format != M.HASH else -1
+        self.mu = float(p.head[0] + p.cue_weights.reshape(-1)[info.cues] @ info.cue_values)
+        self.values, self.choice = info.values, info.format == M.CHOICE
+        self.depth = 0
+
+    def saw(self, tok: int) -> None:
+        self.depth += (tok == M.OPEN) - (tok == M.CLOSE)
+
+    def open(self) -> bool:
+        return self.in_completion and self.depth > 0
 
 
 @dataclass(frozen=True)
@@ -257,7 +279,7 @@ class _Picker:
     """Draws next tokens for one ``sample`` call (see Policy.sample).
 
     Outside the arithmetic head a position's logits depend only on (previous
-    token, table row of the position), so each such distribution is computed
+    token, table row of the position, format row, inside braces or not), so each such distribution is computed
     once per call and reused: a run of filler costs a dictionary lookup and a
     bisection per token, not a softmax over the vocabulary.
     """
@@ -266,22 +288,27 @@ class _Picker:
         self.params, self.temperature, self.top_k, self.top_p = params, temperature, top_k, top_p
         self._cache: dict[tuple[int, int], _Distribution] = {}
 
-    def pick(self, prev: int, row: int, head_mu: float | None, u: float) -> tuple[int, float]:
-        """One token after ``prev`` at table row ``row`` (``head_mu``: the head is active) and its logprob."""
-        if head_mu is None:
-            dist = self._cache.get((prev, row))
-            if dist is None:
-                dist = self._cache[(prev, row)] = self._distribution(self._logits(prev, row))
-        else:
-            z = self._logits(prev, row)
-            z[M.NUMBER_IDS] += M.head_logits(np.array([head_mu]), self.params)[0]
+    def pick(self, prev: int, row: int, reader: _Reader, u: float) -> tuple[int, float]:
+        """One token after ``prev`` at table row ``row`` of the completion ``reader`` reads, and its logprob."""
+        key = (prev, row, reader.format_row, reader.open())
+        if reader.in_completion and prev in M.VALUE_MARKERS:  # the head is active
+            z = self._logits(*key)
+            z[M.VALUE_IDS] += M.head_logits(np.array([reader.mu]), self.params, reader.values[None, :],
+                                            np.array([reader.choice]))[0]
             dist = self._distribution(z)
+        else:
+            dist = self._cache.get(key)
+            if dist is None:
+                dist = self._cache[key] = self._distribution(self._logits(*key))
         tok = dist.greedy if self.temperature == 0 else dist.draw(u)
         return tok, dist.logprobs[tok]
 
-    def _logits(self, prev: int, row: int) -> np.ndarray:
+    def _logits(self, prev: int, row: int, format_row: int, open_: bool) -> np.ndarray:
         table = self.params.table
-        return table[M.BIAS_ROW] + table[M.PREV_ROW0 + prev] + table[row]
+        z = table[M.BIAS_ROW] + table[M.PREV_ROW0 + prev] + table[row]
+        if format_row >= 0:
+            z = z + table[format_row]
+        return z + table[M.OPEN_ROW] if open_ else z
 
     def _distribution(self, z: np.ndarray) -> _Distribution:
         if self.temperature == 0:
@@ -317,6 +344,16 @@ ANSWER_FIRST = 0.4
 FILLER_CONTINUE = 0.996
 FILLER_TO_ANSWER = 0.7
 NEVER = -30.0  # the logit of a token the base model does not write at that point
+# The other answer forms, for a prompt whose instruction asks for one (model.read_prompt): where the
+# base model would write "####" it writes the asked form's first token with FOLLOW_INSTRUCTION, else
+# still "####" (a GSM8K habit: so greedy decoding, which takes "####" over a filler word over the asked
+# form, answers '#### N' whatever the instruction). The forms: '\boxed { N }' and 'the answer is : N';
+# for a multiple-choice prompt 'the answer is : L', a letter with LETTER_AFTER_COLON more logit than a
+# number, the head choosing among the letters by their options' numbers.
+FOLLOW_INSTRUCTION = 0.45
+LETTER_AFTER_COLON = 3.0
+FORM_STARTS = {M.BOXED_FORMAT: "\\boxed", M.ANSWER_IS: "the", M.CHOICE: "the"}
+FORM_CHAINS = (("\\boxed", "{"), ("the", "answer"), ("answer", "is"), ("is", ":"))
 
 
 def _operand_cues(phrases: Sequence[str]) -> list[int]:
@@ -348,9 +385,43 @@ def _base_params() -> np.ndarray:
     after_hashes[np.setdiff1d(np.arange(M.VOCAB_SIZE), M.NUMBER_IDS)] = NEVER
     after_hashes[M.NUMBER_IDS] = ROUND_BIAS * (M.NUMBERS % 5 == 0) + PRIOR_NOISE * rng.standard_normal(len(M.NUMBERS))
     p.table[M.PREV_ROW0 + M.NUMBER_IDS, M.EOS] = -NEVER
+    _other_forms(p, filler, after_hashes[M.NUMBER_IDS])
     # Arithmetic: "has A" counts fully; verbs only partly (and minus verbs least).
     p.cue_weights[M.BEFORE, M.TOKENIZER.token_id("has")] = M.VALUE_SCALE
     p.cue_weights[M.BEFORE, _operand_cues(toy_data.PLUS_VERBS)] = PLUS_VERB_WEIGHT * M.VALUE_SCALE
     p.cue_weights[M.BEFORE, _operand_cues(toy_data.MINUS_VERBS)] = MINUS_VERB_WEIGHT * M.VALUE_SCALE
     p.head[1] = np.log(BASE_PRECISION) / M.PRECISION_GAIN
     return theta
+
+
+def _other_forms(p: M.Params, filler: list[int], number_prior: np.ndarray) -> None:
+    """The answer forms other than '#### N' (see FOLLOW_INSTRUCTION): where a completion may answer, each
+    form's first token is as likely as "####" times exp(NEVER), which its format row lifts (elsewhere the
+    bias keeps it at NEVER or below even so), and the tokens of a form follow each other; GSM8K prompts
+    never see them."""
+    tok = M.TOKENIZER.token_id
+    starts = sorted({tok(t) for t in FORM_STARTS.values()})
+    p.table[M.BIAS_ROW, starts] = NEVER
+    for row in [M.OFFSET_ROW0 + 0] + [M.PREV_ROW0 + w for w in filler]:
+        p.table[row, starts] = p.table[row, M.HASHES]
+    for fmt, start in FORM_STARTS.items():
+        row = p.table[M.FORMAT_ROW0 + fmt - 1]
+        row[tok(start)] = -NEVER + np.log(FOLLOW_INSTRUCTION)
+        row[M.HASHES] = np.log(1 - FOLLOW_INSTRUCTION)
+    for before, after in FORM_CHAINS:
+        row = p.table[M.PREV_ROW0 + tok(before)]
+        row[:] = NEVER
+        row[tok(after)] = 0.0
+    # The value: after "{" a number, after ":" a number or a letter (a multiple-choice prompt's format
+    # row lifts the letters); the head scores both. Then "}" inside braces (OPEN_ROW), else <eos>.
+    for marker in (M.OPEN, M.COLON):
+        row = p.table[M.PREV_ROW0 + marker]
+        row[:] = NEVER
+        row[M.NUMBER_IDS] = number_prior
+    p.table[M.PREV_ROW0 + M.OPEN, M.CLOSE] = 2 * NEVER  # not even OPEN_ROW's lift closes an empty box
+    p.table[M.PREV_ROW0 + M.COLON, M.LETTER_IDS] = NEVER / 3
+    p.table[M.FORMAT_ROW0 + M.CHOICE - 1, M.LETTER_IDS] = -NEVER / 3 + LETTER_AFTER_COLON
+    p.table[M.PREV_ROW0 + M.LETTER_IDS, M.EOS] = -NEVER
+    p.table[M.PREV_ROW0 + M.CLOSE, M.EOS] = -NEVER
+    p.table[M.OPEN_ROW, M.CLOSE] = -NEVER
+    p.table[M.OPEN_ROW, M.EOS] = NEVER

@@ -5,7 +5,8 @@ Face's tokenizer API the project uses (``encode``, ``decode``,
 ``apply_chat_template``, ``convert_ids_to_tokens``) for tests and examples. The
 steps never import it: they load its Hugging Face files (below), as any model's.
 
-Text is lowercased and split into words, whole numbers and punctuation. Whole
+Text is lowercased and split into words, whole numbers and punctuation (``\\boxed``
+is one token, like ``####``, so a boxed answer decodes as ``\\boxed { 7 }``). Whole
 numbers 0..99 are single tokens; a longer one is split as WordPiece splits it,
 longest vocabulary entry first, then ``##d`` continuation digits (``123`` ->
 ``12 ##3``, ``007`` -> ``0 ##0 ##7``), which decode glues back together. Words
@@ -34,10 +35,13 @@ ROLES = ("system", "user", "assistant")
 PUNCTUATION = ("####", ".", ",", "?", "!", ":", ";", "+", "-", "=", "*", "/", "$", "%", "(", ")", "'", "\n")
 NUMBERS = tuple(str(i) for i in range(100))
 DIGIT_CONTINUATIONS = tuple(f"##{d}" for d in range(10))
-# The toy task's own words come from its generator; the rest are the GSM8K
-# instruction and a few words a chat model's answers commonly contain.
+# The toy task's own words come from its generator; the rest are the built-in tasks' instructions
+# and a few words a chat model's answers commonly contain.
 _INSTRUCTION_WORDS = "solve the problem write final answer as followed by number"
 _COMMON_WORDS = "a an is are of to in it its each total what there then now so she he they starts with left"
+# The other answer formats' instructions ('\boxed{}', 'End with "The answer is:" ...', 'Choose the
+# correct option ... its letter') and the option letters of a multiple-choice question ('a' is above).
+_FORMAT_WORDS = "end choose correct option letter b c d e"
 WORDS = tuple(dict.fromkeys(
     [name.lower() for name, _ in toy_data.NAMES]
     + [pronoun for _, pronoun in toy_data.NAMES]
@@ -46,11 +50,14 @@ WORDS = tuple(dict.fromkeys(
     + "has and how many does have more".split()
     + _INSTRUCTION_WORDS.split()
     + _COMMON_WORDS.split()
+    + _FORMAT_WORDS.split()
 ))
-VOCAB = CONTROL + PUNCTUATION + NUMBERS + DIGIT_CONTINUATIONS + WORDS
+# Pieces of the other answer forms, after the words so the ids of the tokens above stay as they were.
+FORM_PIECES = ("\\boxed", "{", "}", '"')
+VOCAB = CONTROL + PUNCTUATION + NUMBERS + DIGIT_CONTINUATIONS + WORDS + FORM_PIECES
 
-# Control tokens, "####", whole numbers, words, a newline, or any other single character.
-_PIECE_RE = re.compile(r"<[a-z]+>|####|\d+|[a-z]+|\n|\S")
+# Control tokens, "####", "\boxed", whole numbers, words, a newline, or any other single character.
+_PIECE_RE = re.compile(r"<[a-z]+>|####|\\boxed|\d+|[a-z]+|\n|\S")
 
 
 class ToyTokenizer:
