@@ -401,6 +401,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "TrainDataS3Uri": ("String", cfg.train_s3_uri),
         "EvalDataS3Uri": ("String", cfg.eval_s3_uri),
         "BaseModel": ("String", s.base_model),
+        "Task": ("String", "gsm8k"),
         "BatchSize": ("Integer", 16),
         "GroupSize": ("Integer", 8),
         "MaxSteps": ("Integer", 30),
