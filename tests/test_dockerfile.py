@@ -56,6 +56,8 @@ def base_images() -> list[str]:
 
 def test_base_image_is_pinned_to_a_patch_release():
     for image in base_images():
+        if image == "scratch":  # the empty task_code stage (a `--build-context task_code=<dir>` replaces it)
+            continue
         name, _, tag = image.partition(":")
         assert name == "python", image
         assert re.fullmatch(r"\d+\.\d+\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", tag), image

@@ -267,7 +267,7 @@ def agreement_problem(scan: SplitScan, task_name: str) -> str | None:
             f"--task {scan.hint[0]}, task.name: {scan.hint[0]})" if scan.hint else
             "choose the task whose answer format the data has (task.name, the Task parameter, TASK=)")
     return (f"the {task_name} task's grader cannot read the gold answers of {scan.name}: it agreed with "
-            f"{scan.agreed} of {scan.checked} rows in {scan.path} (fields {fields}), first:\n"
+            f"{scan.agreed} of {scan.checked} rows in {scan.path} (fields of {fields}), first:\n"
             + "\n".join(f"    {r}" for r in scan.first_disagreements[:SHOWN])
             + f"\n  fix: {hint}, or name the answer field (task.answer_field)")
 

@@ -69,11 +69,11 @@ def check(path: str, task: RowTask, out: Any = print) -> int:
             shown += 1
     out(f"grader agreement on {file}: {scan.agreed} of {scan.checked} gold answers read and graded right "
         f"({scan.rows} rows; rejected: {scan.reasons_text()})")
-    for r in scan.first_disagreements[:SHOWN]:
-        out(f"  {r}")
     problem = agreement_problem(scan, task.name)
     if problem or not scan.agreed:
         raise Refused(problem or f"{file}: no row the {task.name} task can read ({scan.reasons_text()})")
+    for r in scan.first_disagreements[:SHOWN]:
+        out(f"  {r}")
     if scan.by_reason.get(GRADER_DISAGREES):
         out(f"note: {scan.by_reason[GRADER_DISAGREES]} rows disagree; ValidateData drops them (it refuses a split "
             f"below {MIN_AGREEMENT:.0%} agreement)")
