@@ -137,10 +137,16 @@ def test_the_task_section_its_defaults_and_its_errors_name_the_key():
 
 
 def test_the_task_parameter_overrides_task_name_in_every_step():
+    from steps.evaluate import run_task
+
     p = BY_NAME["Task"]
     assert (p.key, p.kind) == ("task.name", "String") and HYPERPARAMETERS["Task"] == "name"
-    with pytest.raises(Exception, match="Task"):
+    with pytest.raises(ConfigError, match=r"'task.name' must be one of .*, got 'math'"):
         local_run.check_params({"Task": "math"}, str(LOCAL))
+    # EvaluateModel: the run's task section from model.json, its name from --task (the parameter) when given.
+    model_config = {"session": {}, "dapo": {}, "task": {"name": "hash", "answer_field": "solution"}}
+    assert run_task(model_config, "boxed")["task"] == {"name": "boxed", "answer_field": "solution"}
+    assert run_task({"session": {}}, None)["task"] == {}  # a model.json of before the task section: gsm8k
 
 
 # -- validation: the grader against every gold answer -----------------------------------------------------

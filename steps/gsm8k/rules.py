@@ -287,10 +287,13 @@ def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_ove
         problems.append(
             f"eval data has no usable rows: {_describe(eval_)}\n"
             + "\n".join(_first_problems(eval_))
-            + "\n  fix: provide held-out rows {\"question\": ..., \"answer\": \"... #### <number>\"}"
+            + ("\n  fix: provide held-out rows {\"question\": ..., \"answer\": \"... #### <number>\"}"
+               if task_name == "gsm8k" else f"\n  fix: provide held-out rows the {task_name} task can read "
+                                            f"(make check-task DATA=<dir> TASK={task_name} shows how it reads them)")
         )
     if train.kept < batch_size:
-        fix = f"or lower --batch-size to at most {train.kept}" if train.kept else "and check it is GSM8K JSONL"
+        kind = "GSM8K JSONL" if task_name == "gsm8k" else f"JSONL the {task_name} task reads"
+        fix = f"or lower --batch-size to at most {train.kept}" if train.kept else f"and check it is {kind}"
         problems.append(
             f"train data has {train.kept} usable rows, fewer than --batch-size {batch_size}: {_describe(train)}\n"
             + "\n".join(_first_problems(train))

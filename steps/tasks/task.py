@@ -231,7 +231,8 @@ def load_entry_point(spec: str, code_dir: str | None) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        looked = ", ".join([*where, IMAGE_TASK_CODE]) if code_dir else "sys.path (set task.code_dir)"
+        missing = f" (task.code_dir {code_dir} is not a folder here)" if code_dir and not where else ""
+        looked = (", ".join([*where, IMAGE_TASK_CODE]) + missing) if code_dir else "sys.path (set task.code_dir)"
         raise TaskError(f"task.grader {spec}: cannot import {module_name} ({exc}); looked in {looked}. Put the "
                         "module in task.code_dir, and build the image with it: make build-image TASK_CODE=<dir>") \
             from None
