@@ -182,6 +182,22 @@ def test_validation_reads_problem_solution_files_and_reports_the_graders_agreeme
     assert [ex.gold for ex in examples] == [r["solution"].split("{")[1].split("}")[0] for r in rows[:8]]
 
 
+def test_choice_rows_need_their_options_and_a_letter_among_them(tmp_path):
+    colours = ["red", "blue", "green"]
+    rows = [{"question": f"Which colour is number {i}?", "choices": colours, "answer": "ABC"[i % 3]}
+            for i in range(9)]
+    rows[1] = {**rows[1], "answer": "D"}  # not one of three options
+    rows[2] = {**rows[2], "choices": "red, blue"}
+    train, eval_ = write(tmp_path / "train.jsonl", rows[:6]), write(tmp_path / "eval.jsonl", rows[6:])
+    report = validate.validate(str(train), str(eval_), 2, tmp_path / "out", task=task("choice"))
+    assert report["status"] == "accepted", report["message"]
+    assert report["splits"]["train"]["rejected_by_reason"] == {"no answer letter of the choices": 1,
+                                                               "choices not a list of strings": 1}
+    # a bare letter is graded as the instructed 'The answer is: B'; the unreadable letter is a disagreement
+    assert report["grader_agreement"]["checked"] == 8 and report["grader_agreement"]["agreed"] == 7
+    assert report["splits"]["train"]["fields"][str(train)]["choices"] == "choices"
+
+
 def test_validation_refuses_gold_answers_its_grader_cannot_read_naming_rows_and_the_fix(tmp_path, capsys):
     rows = generate_rows(12, 0)  # '#### N' answers
     train, eval_ = write(tmp_path / "train.jsonl", rows[:8]), write(tmp_path / "eval.jsonl", rows[8:])
