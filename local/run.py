@@ -386,9 +386,9 @@ def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
     cfg = load(plan.config)[0]
     execution_config = check_params(plan.params, plan.config)
     print(budget.describe(execution_config.dapo, prices=execution_config.session.prices), flush=True)
-    if plan.data:
-        found = data_files(plan.data)
-        print(f"data: your files, {found['train']} (train) and {found['test']} (held out)", flush=True)
+    if plan.data:  # checked before anything was created; a resume reads the copies
+        print(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train.jsonl, eval.jsonl)",
+              flush=True)
     for note in task_notes(task_of(execution_config, toy_data=False)):
         print(note, flush=True)
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.

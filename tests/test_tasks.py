@@ -332,7 +332,7 @@ def test_a_local_run_refuses_gold_answers_a_user_grader_cannot_read_before_any_s
     assert code == 1
     first_screen = out.split("[ValidateData] started")[0]
     assert "note: task custom (my_grader:make_task): the local toy model learns only the built-in" in first_screen
-    assert f"data: your files, {data / 'train.jsonl'} (train) and {data / 'test.jsonl'} (held out)" in first_screen
+    assert f"data: your files from {data}, copied to " in first_screen
     assert "[ValidateData] Failed" in out and "TrainDAPO" not in out
     assert "the custom task's grader cannot read the gold answers of eval: it agreed with 0 of 10 rows" in out
     assert "test.jsonl:1: the grader does not agree with the gold answer" in out.replace("eval.jsonl", "test.jsonl")
