@@ -10,6 +10,12 @@ WAIT ?=
 EXPERIMENT ?=
 YES ?=
 SOURCE ?=
+DATA ?=
+TASK ?=
+# The folder of your task.grader's module, baked into the image (containers/Dockerfile's task_code stage).
+TASK_CODE ?=
+# The local run's config instead of config/local.yaml (e.g. a copy with your task section).
+LOCAL_CONFIG ?=
 # `make pipeline-definition` works before config/config.yaml exists.
 DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
 IMAGE_NAME ?= dapo-steps
@@ -17,7 +23,7 @@ IMAGE_TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 MLFLOW_PORT ?= 5000
 
 .DEFAULT_GOAL := help
-.PHONY: help install test local-run mlflow-ui pipeline-definition deploy-pipeline start-pipeline sessions \
+.PHONY: help install test local-run check-task mlflow-ui pipeline-definition deploy-pipeline start-pipeline sessions \
         stop-orphans build-image push-image data bench clean
 
 help: ## this list (the default target)
@@ -36,8 +42,14 @@ test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2
 
-local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides parameters
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))
+local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides, DATA=dir TASK=name
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))
+
+# Without DATA, a few generated toy rows (GSM8K's format) stand in.
+check-task: install ## three prompts of DATA=dir and the grader's verdict on their gold answers (TASK=name), offline
+	$(if $(DATA),,$(BIN)/python -m local.toy_data --out build/check-task --train 20 --eval 5 >/dev/null)
+	$(BIN)/python -m steps.tasks --check --config $(if $(wildcard $(CONFIG)),$(CONFIG),config/default.yaml) \
+		--data $(or $(DATA),build/check-task) $(if $(TASK),--task $(TASK))
 
 mlflow-ui: install ## the local runs' MLflow store (runs/mlflow.db) at http://127.0.0.1:5000 (MLFLOW_PORT=...)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
@@ -60,8 +72,8 @@ sessions: install ## the pipeline's training sessions: status, age, owner job, a
 stop-orphans: install ## stop the Running sessions whose owner job is not running (asks once; YES=1 skips it)
 	$(BIN)/python -m pipeline.sessions --config $(CONFIG) --stop-orphans $(if $(YES),--yes)
 
-build-image: install ## build the step image from containers/ (needs Docker; not run in CI)
-	docker build -f containers/Dockerfile -t $(IMAGE_NAME):$(IMAGE_TAG) .
+build-image: install ## build the step image from containers/ (needs Docker; TASK_CODE=dir bakes in your grader)
+	docker build -f containers/Dockerfile -t $(IMAGE_NAME):$(IMAGE_TAG) $(if $(TASK_CODE),--build-context task_code=$(TASK_CODE)) .
 
 # Creates the ECR repository if missing.
 push-image: build-image ## build and push the step image to ECR (needs Docker and the aws CLI)

@@ -82,6 +82,12 @@ def parser(config: str) -> argparse.ArgumentParser:
     p.add_argument("--eval-rows", type=int, default=None,
                    help=f"rows of the generated toy held-out split (default {DEFAULTS['eval_rows']})")
     p.add_argument("--seed", type=int, default=None, help=f"seed of the toy data (default {DEFAULTS['seed']})")
+    p.add_argument("--data", metavar="DIR",
+                   help="train and evaluate on your own JSONL files instead of the toy data: DIR holds a train "
+                        "file and a test or eval file, as `make data SOURCE=DIR` reads it")
+    p.add_argument("--task", metavar="NAME",
+                   help="the task (the Task parameter): gsm8k, hash, boxed, answer_is, choice, or custom "
+                        "(task.grader in --config)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs"),
                    help="where runs/<run-id>/ and the MLflow store (mlflow.db) go (default: runs/)")
     p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"),
@@ -105,6 +111,7 @@ class Plan:
     eval_rows: int
     seed: int
     run_id: str | None = None  # set for a resume
+    data: str | None = None  # --data: the user's folder, copied into runs/<id>/data/
     previous: dict[str, Any] = field(default_factory=dict)  # a resume: the interrupted run's step records
 
     def overrides(self) -> str:
@@ -126,13 +133,59 @@ def check_params(params: dict[str, str], config: str) -> RunConfig:
 def fresh_plan(args: argparse.Namespace) -> Plan:
     from local.toy_data import MAX_ROWS
 
-    plan = Plan(config=args.config or DEFAULT_CONFIG, params=parse_pairs(args.param, "--param", "BatchSize=64"),
+    params = parse_pairs(args.param, "--param", "BatchSize=64")
+    if args.task is not None:
+        if params.get("Task", args.task) != args.task:
+            raise Refused(f"--task {args.task} and --param Task={params['Task']}: give the task once")
+        params["Task"] = args.task
+    plan = Plan(config=args.config or DEFAULT_CONFIG, params=params, data=args.data,
                 **{k: v if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS.items()})
-    if plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
+    if args.data is not None:
+        shaped = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
+        if shaped:
+            raise Refused(f"--data {args.data}: the run trains on your files; {' and '.join(shaped)} shape the "
+                          "generated toy data only, drop them")
+        data_files(args.data)
+    elif plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
         raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
                       f"together at most {MAX_ROWS} (the toy task's distinct questions)")
-    check_params(plan.params, plan.config)
+    task_of(check_params(plan.params, plan.config), toy_data=args.data is None)
     return plan
+
+
+def data_files(directory: str) -> dict[str, Path]:
+    """The train and test files of ``--data``, as `make data SOURCE=` finds them; a folder that does not fit is
+    refused before anything is created."""
+    from pipeline.data import source_files
+
+    return source_files(Path(directory))
+
+
+def task_of(run_config: RunConfig, toy_data: bool) -> Any:
+    """The run's task, built as the steps will build it (a grader that does not import is refused here); with the
+    generated toy data, a task that cannot read its GSM8K-format rows is refused too."""
+    from local.toy_data import PLUS_VERBS, make_row
+    from steps.tasks import build_task
+
+    task = build_task(run_config.task)
+    if toy_data:
+        row = make_row(0, "apples", PLUS_VERBS[0], 3, 4)
+        try:
+            task.read(row, task.fields_for(row))
+        except ValueError:
+            raise Refused(f"task {task.name}: the generated toy data is GSM8K's format (answers end '#### N'), which "
+                          f"this task cannot read; give your own files in its format with --data DIR") from None
+    return task
+
+
+def task_notes(task: Any) -> list[str]:
+    """What the first screen says about the task: a grader the toy model cannot learn still runs end to end."""
+    if task.toy_learns:
+        return []
+    return [f"note: task {task.name} ({task.cfg.grader}): the local toy model learns only the built-in answer "
+            "formats (gsm8k, hash, boxed, answer_is, choice), not your grader's; this run checks the plumbing end "
+            "to end (validation, training, evaluation and the gate all grade with your grader), and its accuracy "
+            "is not expected to improve"]
 
 
 def resume_plan(args: argparse.Namespace) -> Plan:
@@ -142,7 +195,7 @@ def resume_plan(args: argparse.Namespace) -> Plan:
     again, the definition is the run's copy, the steps that succeeded are not run again (their outputs are
     uploaded again from the work dir), and TrainDAPO, run again, resumes from the checkpoint it synced (its
     checkpoint dir under work/, put back in S3; the model packages it names are in service-state/)."""
-    given = [f"--{k.replace('_', '-')}" for k in ("config", *DEFAULTS) if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in ("config", *DEFAULTS, "data", "task") if getattr(args, k) is not None]
     if args.param or given:
         raise Refused(f"--resume {args.resume} runs with the parameters and data the run started with; "
                       f"drop {' '.join(given + ['--param'] * bool(args.param))}")
@@ -157,7 +210,7 @@ def resume_plan(args: argparse.Namespace) -> Plan:
     steps = run_dir / STEPS_FILE
     previous = json.loads(steps.read_text()) if steps.exists() else {}
     plan = Plan(kept["config"], kept["params"], kept["train_rows"], kept["eval_rows"], kept["seed"],
-                run_id=args.resume, previous=previous)
+                run_id=args.resume, previous=previous, data=kept.get("data"))
     check_params(plan.params, plan.config)
     return plan
 
@@ -253,13 +306,23 @@ def build_definition(config: str, out: str) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def upload_dataset(s3: Any, bucket: str, run_dir: Path, rows: tuple[int, int], seed: int) -> dict[str, str]:
-    """The toy data, generated into runs/<id>/data/ (a resume uploads what is there), uploaded to moto S3."""
+def upload_dataset(s3: Any, bucket: str, run_dir: Path, rows: tuple[int, int], seed: int,
+                   source: str | None = None) -> dict[str, str]:
+    """The toy data generated into runs/<id>/data/, or the ``source`` folder's train and test files copied there
+    (a resume uploads what is there), uploaded to moto S3."""
     from local.toy_data import write_split
 
     data = run_dir / "data"
-    paths = ((data / "train.jsonl", data / "eval.jsonl") if (data / "eval.jsonl").exists()
-             else write_split(data, rows[0], rows[1], seed))
+    if (data / "eval.jsonl").exists():
+        paths: tuple[Path, Path] = (data / "train.jsonl", data / "eval.jsonl")
+    elif source is not None:
+        found = data_files(source)
+        data.mkdir(parents=True, exist_ok=True)
+        paths = (data / "train.jsonl", data / "eval.jsonl")
+        for split, path in zip(("train", "test"), paths):
+            shutil.copyfile(found[split], path)
+    else:
+        paths = write_split(data, rows[0], rows[1], seed)
     s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
     uris = {}
     for name, path in zip(("train", "eval"), paths):
@@ -323,6 +386,11 @@ def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
     cfg = load(plan.config)[0]
     execution_config = check_params(plan.params, plan.config)
     print(budget.describe(execution_config.dapo, prices=execution_config.session.prices), flush=True)
+    if plan.data:  # checked before anything was created; a resume reads the copies
+        print(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train.jsonl, eval.jsonl)",
+              flush=True)
+    for note in task_notes(task_of(execution_config, toy_data=False)):
+        print(note, flush=True)
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
     tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), cfg.experiment_name),
                     tracking.ENV_EXPERIMENT: cfg.experiment_name}
@@ -378,7 +446,7 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
               flush=True)
         env = {**stack.env(), **tracking_env}
         uris = upload_dataset(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
-                              plan.seed)
+                              plan.seed, plan.data)
         params = {"TrainDataS3Uri": uris["train"], "EvalDataS3Uri": uris["eval"], **plan.params}
         execution = LocalExecution(definition, params, stack.s3(), workdir, env, execution_id=run_dir.name,
                                    pipeline_name=pipeline_name, on_line=progress.line, on_status=on_status,

@@ -1,9 +1,10 @@
-"""``python -m pipeline.data --config X [--source DIR]`` (``make data [SOURCE=DIR]``): GSM8K to S3 as JSONL.
+"""``python -m pipeline.data --config X [--source DIR]`` (``make data [SOURCE=DIR]``): data to S3 as JSONL.
 
 Without ``--source`` it downloads the ``openai/gsm8k`` ``main`` parquet files (train and
 test) from the Hugging Face hub, which needs internet; with ``--source DIR`` it uploads the
-GSM8K JSONL files you already have (a train file and a test or eval file in DIR), after the
-project's own validator (steps/validate.py) accepts them: data that could not train is
+JSONL files you already have (a train file and a test or eval file in DIR), after the
+project's own validator (steps/validate.py, with the config's ``task`` section) accepts them:
+data that could not train, or whose gold answers the task's grader cannot read, is
 refused with the validator's message and nothing is uploaded. Either way the rows go to the
 config's ``pipeline.train_s3_uri`` and ``pipeline.eval_s3_uri`` as ``gsm8k-train.jsonl`` and
 ``gsm8k-test.jsonl``, so running it again replaces them. Not run in CI.
@@ -84,15 +85,17 @@ def source_files(directory: Path) -> dict[str, Path]:
     return found
 
 
-def validated_source(directory: Path, batch_size: int) -> dict[str, Path]:
+def validated_source(directory: Path, batch_size: int, task: Any = None) -> dict[str, Path]:
     """The source files, once steps.validate accepts them as they will be trained on (``batch_size``: the
-    config's); the validator's own message otherwise. The prompt-length check needs the base model's
-    tokenizer: ValidateData runs it in the pipeline."""
+    config's; ``task``: the config's task section, default GSM8K); the validator's own message otherwise. The
+    prompt-length check needs the base model's tokenizer: ValidateData runs it in the pipeline."""
+    from steps.tasks import build_task
     from steps.validate import validate
 
     paths = source_files(directory)
     with tempfile.TemporaryDirectory() as out:
-        report = validate(str(paths["train"]), str(paths["test"]), batch_size, Path(out))
+        report = validate(str(paths["train"]), str(paths["test"]), batch_size, Path(out),
+                          task=build_task(task) if task is not None else None)
     if report["status"] != "accepted":
         raise UserError(f"{directory}: nothing uploaded (--batch-size is the config's dapo.batch_size, {batch_size}); "
                         f"{report['message']}")
@@ -153,8 +156,9 @@ def hub_files() -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.data", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="YAML config; uses pipeline.train_s3_uri and pipeline.eval_s3_uri")
-    p.add_argument("--source", metavar="DIR", help="upload the GSM8K JSONL files in DIR (a train file and a test "
-                                                  "or eval file) instead of downloading GSM8K; validated first")
+    p.add_argument("--source", metavar="DIR", help="upload the JSONL files in DIR (a train file and a test or eval "
+                                                  "file) instead of downloading GSM8K; validated first, with the "
+                                                  "config's task")
     args = p.parse_args(argv)
 
     require_training_session_sdk()
@@ -163,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if left:
         raise UserError(f"{args.config}: fill in {', '.join(left)} first")
     # What can fail without AWS does first: the files are validated, or the hub reached, before any S3 call.
-    mine = validated_source(Path(args.source), run.dapo.batch_size) if args.source else None
+    mine = validated_source(Path(args.source), run.dapo.batch_size, run.task) if args.source else None
     parquet = None if mine else hub_files()
     s3 = aws_session(resolve_region(run.session.region, args.config)).client("s3")
     for split, uri in (("train", cfg.train_s3_uri), ("test", cfg.eval_s3_uri)):

@@ -137,12 +137,13 @@ JOB_RETRY_POLICIES = [
 # at most 64); pipeline/checks.py refuses one that breaks the schema's or botocore's limits.
 STEP_TEXTS: dict[str, tuple[str, str]] = {
     "ValidateData": (
-        "Validate-GSM8K-data",
-        "Checks the GSM8K JSONL under TrainDataS3Uri and EvalDataS3Uri (each row a question and an answer ending "
-        "'#### N'), drops train questions that also appear in eval, renders every question with BaseModel's "
-        "tokenizer and chat template and drops one whose prompt plus max_tokens exceeds the model's context, and "
-        "needs at least BatchSize usable train rows. Writes the rows that pass (train.jsonl, eval.jsonl) and "
-        "validation.json; bad data fails this step, naming the file, row and fix, before anything is billed."),
+        "Validate-task-data",
+        "Checks the JSONL under TrainDataS3Uri and EvalDataS3Uri for the Task (each row a question and an answer in "
+        "the task's format; gsm8k: ending '#### N'), grades every row's own gold answer with the task's grader, drops "
+        "train questions that also appear in eval, renders every prompt with BaseModel's tokenizer and chat template "
+        "and drops one whose prompt plus max_tokens exceeds the model's context, and needs at least BatchSize usable "
+        "train rows. Writes the rows that pass (train.jsonl, eval.jsonl) and validation.json; bad data, or gold "
+        "answers the grader cannot read, fail this step, naming the file, row and fix, before anything is billed."),
     "TrainDAPO": (
         "Train-DAPO-LoRA-in-a-training-session",
         "DAPO reinforcement learning of BaseModel's LoRA adapter on a SageMaker training session. Each optimizer "
@@ -340,6 +341,7 @@ def _validate_step(cfg: PipelineConfig, run: RunConfig, params: dict[str, Any],
         length_check += ["--region", run.session.region]
     if run.session.max_context_tokens:
         length_check += ["--max-context-tokens", str(run.session.max_context_tokens)]
+    task_args = _task_arguments(run, params)
     args = _processor(cfg, params, "validate", session, isolated=isolated).run(
         inputs=[
             _s3_input("train", params["TrainDataS3Uri"], f"{PROC}/input/train"),
@@ -353,9 +355,20 @@ def _validate_step(cfg: PipelineConfig, run: RunConfig, params: dict[str, Any],
             "--batch-size", params["BatchSize"].to_string(),
             "--output", VALIDATED_DIR,
             *length_check,
+            *task_args,
         ],
     )
     return ProcessingStep(**_texts("ValidateData"), step_args=args, retry_policies=JOB_RETRY_POLICIES)
+
+
+def _task_arguments(run: RunConfig, params: dict[str, Any]) -> list[Any]:
+    """The task (the Task parameter) and the task section's other settings that are set: ValidateData reads the
+    rows with them, EvaluateModel grades with them (TrainDAPO gets them as hyperparameters)."""
+    flags = {"question_field": "--question-field", "answer_field": "--answer-field",
+             "choices_field": "--choices-field", "grader": "--grader", "code_dir": "--code-dir"}
+    settings = run.task.model_dump()
+    return ["--task", params["Task"], *(a for key, flag in flags.items() if settings[key] is not None
+                                        for a in (flag, str(settings[key])))]
 
 
 def _tracking_environment(cfg: PipelineConfig) -> dict[str, Any]:
@@ -430,6 +443,7 @@ def _evaluate_step(
             "--eval", f"{PROC}/input/eval",
             "--output", EVALUATION_DIR,
             "--eval-size", params["EvalSize"].to_string(),
+            "--task", params["Task"],
             *tokenizer_args,
         ],
     )

@@ -29,13 +29,12 @@ from steps.config import config_from_dict
 from steps.dapo import heldout, rollouts, stats
 from steps.dapo.heldout import EvalResult
 from steps.dapo.reward import RewardShaping
-from steps.gsm8k.data import load_examples
-from steps.gsm8k.task import GSM8K
 from steps.platform import billing, files, tracking
 from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
+from steps.tasks import build_task, load_examples
 
 MODELS = ("base", "trained")
 
@@ -50,7 +49,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="questions to evaluate, 0 for all (default: dapo.eval_size of the run)")
     p.add_argument("--tokenizer", help="directory of the base model's tokenizer files (pipeline.tokenizer_s3_uri); "
                                        "default: the tokenizer the Hub names for the base model")
+    p.add_argument("--task", help="the task (the Task parameter; default: task.name of the run's model.json)")
     return p.parse_args(argv)
+
+
+def run_task(model_config: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """The run's task section (model.json), with ``--task`` in place of its name when given."""
+    section = dict(model_config.get("task") or {})
+    if name:
+        section["name"] = name
+    return {**model_config, "task": section}
 
 
 def _rate(successes: int, n: int) -> dict[str, float]:
@@ -161,7 +169,7 @@ def write_outputs(out: Path, evaluation: dict[str, Any], trained: EvalResult, sh
 
 
 def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenizer: Any,
-                        examples: Sequence[Any]) -> tuple[dict[str, EvalResult], dict[str, Any]]:
+                        examples: Sequence[Any], task: Any = None) -> tuple[dict[str, EvalResult], dict[str, Any]]:
     """Both models' answers in one session of this job's own, stopped however this ends, and what the session
     billed (read once stopped; the client's count beside it, steps/platform/billing.py).
 
@@ -172,6 +180,7 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
     samples with the run's seed (the same random numbers for the pair).
     """
     d = cfg.dapo
+    task = task or build_task(cfg.task)
     name = this_jobs_session_name(service, cfg.session.region)
     meter = billing.TokenMeter(prices=cfg.session.prices)
     training_client = service.create_lora_training_client(**lora_kwargs(cfg.session, name))
@@ -180,7 +189,7 @@ def evaluate_in_session(service: Any, cfg: Any, model_package_arn: str, tokenize
         arns = {"base": "", "trained": model_package_arn}
         shaping = RewardShaping(d.max_tokens, d.overlong_buffer, d.overlong_penalty, d.reward_format)
         pending = {
-            model: heldout.launch(training_client.create_sampling_client(model_package_arn=arns[model]), GSM8K,
+            model: heldout.launch(training_client.create_sampling_client(model_package_arn=arns[model]), task,
                                   tokenizer, examples, d.max_tokens, d.sample_retries,
                                   cfg.session.chat_template_kwargs, k=d.eval_k, temperature=d.temperature,
                                   seed=d.seed, shaping=shaping, meter=meter)
@@ -211,17 +220,18 @@ def summary_line(evaluation: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     model = read_model_json(args.model)
-    cfg = config_from_dict(model["config"], source=f"{args.model}: model.json config")
+    cfg = config_from_dict(run_task(model["config"], args.task), source=f"{args.model}: model.json config")
+    task = build_task(cfg.task)
     size = cfg.dapo.eval_size if args.eval_size is None else args.eval_size
     if size < 0:
         raise Refused(f"--eval-size must be >= 0 (0: every question), got {size}")
-    examples = load_examples(args.eval)[: size or None]
+    examples = load_examples(args.eval, task)[: size or None]
     if not examples:
         raise Refused(f"{args.eval}: no evaluation examples")
     tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
     service = service_client(cfg.session)
     tracker = tracking.resume(model.get("mlflow"))  # the training run, if it was tracked; connects meanwhile
-    results, bill = evaluate_in_session(service, cfg, model["model_package_arn"], tokenizer, examples)
+    results, bill = evaluate_in_session(service, cfg, model["model_package_arn"], tokenizer, examples, task)
     evaluation = report(results, model, cfg, bill)
     step = int(model.get("steps_completed") or 0)
     # The base model's answers are those of step 0.

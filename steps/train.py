@@ -27,13 +27,12 @@ from steps.dapo import metrics as metrics_io
 from steps.dapo import state as checkpoint
 from steps.dapo.loop import Outcome, Trainer, total_steps
 from steps.dapo.state import LoopState
-from steps.gsm8k.data import Example, load_examples
-from steps.gsm8k.task import GSM8K
 from steps.platform import billing, tracking
 from steps.platform.artifacts import write_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
+from steps.tasks import RowTask, build_task, load_examples
 
 log = logging.getLogger("steps.train")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "default.yaml"
@@ -68,14 +67,14 @@ def read_config(args: argparse.Namespace) -> RunConfig:
     return load_config(args.config, overrides)
 
 
-def load_inputs(args: argparse.Namespace, cfg: RunConfig) -> tuple[list[Example], list[Example]]:
-    train = load_examples(args.train)
+def load_inputs(args: argparse.Namespace, cfg: RunConfig, task: RowTask) -> tuple[list[Any], list[Any]]:
+    train = load_examples(args.train, task)
     if len(train) < cfg.dapo.batch_size:
         raise Refused(
             f"{args.train}: {len(train)} training examples, fewer than dapo.batch_size={cfg.dapo.batch_size}. "
             "Add data or lower batch_size; no training session was created."
         )
-    evaluation = load_examples(args.eval) if Path(args.eval).exists() else []
+    evaluation = load_examples(args.eval, task) if Path(args.eval).exists() else []
     return train, evaluation
 
 
@@ -164,7 +163,8 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
     service = service_client(cfg.session)
     # First, whatever this attempt goes on to refuse: an earlier attempt's session that is still billing.
     session_name = this_jobs_session_name(service, cfg.session.region)
-    train_examples, eval_examples = load_inputs(args, cfg)
+    task = build_task(cfg.task)  # the config's task section (steps/tasks/): its prompt, grader and row rules
+    train_examples, eval_examples = load_inputs(args, cfg, task)
     start = checkpoint.resume_or_start(args.checkpoint_dir, cfg.dapo.seed)
     tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
     metrics_path = Path(args.output_dir) / "metrics.jsonl"
@@ -182,7 +182,7 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
                                     total_steps=total_steps(cfg.dapo, len(train_examples)))
     outcome: Outcome | None = None
     try:
-        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
+        trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=task, tokenizer=tokenizer,
                           train_examples=train_examples, eval_examples=eval_examples,
                           chat_template_kwargs=cfg.session.chat_template_kwargs, metrics=metrics,
                           checkpoint_dir=Path(args.checkpoint_dir), meter=meter)

@@ -1,8 +1,14 @@
-"""ValidateData step: check GSM8K JSONL data and write cleaned copies.
+"""ValidateData step: check a task's JSONL data and write cleaned copies.
 
     python -m steps.validate --train PATH --eval PATH --batch-size N --output DIR [--on-overlap remove|fail]
+        [--task NAME] [--question-field F] [--answer-field F] [--choices-field F] [--grader MOD:ATTR]
+        [--code-dir DIR]
         [--base-model ARN [--region R] [--tokenizer DIR] --max-tokens N [--max-context-tokens N]
          [--chat-template-kwargs JSON]]
+
+The task (the config's ``task`` section: steps/tasks/) says which fields a row needs and how its gold
+answer is read; every row's own gold (reference) answer is graded by the task's grader, and a split whose
+gold answers the grader mostly cannot read is refused, naming the first rows and why.
 
 With a base model (the pipeline always passes one), every question is rendered
 with the model's own tokenizer and chat template, as TrainDAPO will render it,
@@ -23,8 +29,11 @@ how to fix it), 1 crashed.
 validation.json: ``status``, ``message``, ``batch_size``, ``on_overlap``,
 ``kept`` per split, ``overlap`` (count, action, first rows), ``prompt_budget``
 (the length check: max_tokens, context, its source; null when not checked),
-``splits`` (per split: input files with sha256, rows read, kept, rejected counts
-by reason, the first 20 rejected rows with file, line and reason) and ``outputs``.
+``task`` (its name, and the instruction or the grader), ``grader_agreement`` (``checked``,
+``agreed``, ``first_disagreements``: the rows whose gold answer the grader could not read or did not
+grade right, with the reason), ``splits`` (per split: input files with sha256, rows read, kept, rejected
+counts by reason, the first 20 rejected rows with file, line and reason, the fields read per file and
+whether they were set or auto-detected, and the split's grader agreement) and ``outputs``.
 """
 from __future__ import annotations
 
@@ -35,24 +44,31 @@ from pathlib import Path
 from typing import Any
 
 from steps.cli import Refused, run_step
+from steps.config import ConfigError, TaskConfig, config_from_dict
 from steps.gsm8k.data import DataError, jsonl_files
 from steps.gsm8k.rules import PromptBudget, SplitScan, refusal_problems, scan_split
 from steps.platform import files
 from steps.platform.tokenizer import describe_base_model, load_tokenizer
+from steps.tasks import RowTask, build_task, default_task
 
 OUTPUTS = ("validation.json", "train.jsonl", "eval.jsonl")
 
 
 def build_report(status: str, message: str, batch_size: int, on_overlap: str, scans: dict[str, SplitScan],
-                 budget: PromptBudget | None = None) -> dict:
+                 budget: PromptBudget | None = None, task: RowTask | None = None) -> dict:
     ordered = [name for name in ("train", "eval") if name in scans]
     train = scans.get("train")
     overlap = train.overlap if train else 0
+    first = [r for name in ordered for r in scans[name].first_disagreements]
     return {
         "status": status,
         "message": message,
         "batch_size": batch_size,
         "on_overlap": on_overlap,
+        "task": (task or default_task()).describe(),
+        "grader_agreement": {"checked": sum(scans[n].checked for n in ordered),
+                             "agreed": sum(scans[n].agreed for n in ordered),
+                             "first_disagreements": [vars(r) for r in first[:20]]},
         "kept": {name: scans[name].kept for name in ordered},
         "overlap": {
             "count": overlap,
@@ -73,6 +89,9 @@ def summary(report: dict) -> str:
         parts.append(f"{name} {s['kept']}/{s['rows']} rows kept" + (f" (rejected: {reasons})" if reasons else ""))
     if report["overlap"]["count"]:
         parts.append(f"{report['overlap']['count']} train rows also in eval removed")
+    agreement = report["grader_agreement"]
+    parts.append(f"task {report['task']['name']}: the grader agrees with {agreement['agreed']} of "
+                 f"{agreement['checked']} gold answers")
     return "validation accepted: " + "; ".join(parts)
 
 
@@ -89,11 +108,13 @@ def _check_paths(train: str, eval_: str) -> None:
 
 
 def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap: str = "remove",
-             budget: PromptBudget | None = None) -> dict:
+             budget: PromptBudget | None = None, task: RowTask | None = None) -> dict:
     """Validate, write the outputs, and return the report (status accepted/refused).
 
-    ``budget``: reject questions too long for the model (see :class:`PromptBudget`).
+    ``budget``: reject questions too long for the model (see :class:`PromptBudget`). ``task``: the rows'
+    task (steps/tasks; default GSM8K): its row rules, and its grader checked against every gold answer.
     """
+    task = task or default_task()
     out_dir.mkdir(parents=True, exist_ok=True)
     # A result left by an earlier run must not pass for this run's.
     for name in OUTPUTS:
@@ -104,16 +125,17 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
         # The cleaned files appear only if the data can train: a refusal leaves the block by raising.
         with files.atomic_open(out_dir / "eval.jsonl") as eval_out, \
                 files.atomic_open(out_dir / "train.jsonl") as train_out:
-            scans["eval"] = scan_split("eval", eval_, eval_out, budget=budget)
-            scans["train"] = scan_split("train", train, train_out, eval_digests=scans["eval"].digests, budget=budget)
-            problems = refusal_problems(scans["train"], scans["eval"], batch_size, on_overlap)
+            scans["eval"] = scan_split("eval", eval_, eval_out, budget=budget, task=task)
+            scans["train"] = scan_split("train", train, train_out, eval_digests=scans["eval"].digests, budget=budget,
+                                        task=task)
+            problems = refusal_problems(scans["train"], scans["eval"], batch_size, on_overlap, task.name)
             if problems:
                 raise DataError("\n- ".join(problems))
     except DataError as exc:
         message = f"validation refused the data:\n- {exc}"
-        report = build_report("refused", message, batch_size, on_overlap, scans, budget)
+        report = build_report("refused", message, batch_size, on_overlap, scans, budget, task)
     else:
-        report = build_report("accepted", "", batch_size, on_overlap, scans, budget)
+        report = build_report("accepted", "", batch_size, on_overlap, scans, budget, task)
         report["message"] = summary(report)
     files.write_json(out_dir / "validation.json", report, indent=2)
     return report
@@ -178,6 +200,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="remove",
         help="a train question also in eval: drop it from train (default) or refuse the data",
     )
+    task = p.add_argument_group("task", "the rows' task (the config's task section); default gsm8k")
+    task.add_argument("--task", default=None, help="gsm8k, hash, boxed, answer_is, choice, or custom (with --grader)")
+    task.add_argument("--question-field", help="the question's field (task.question_field; default: auto-detected)")
+    task.add_argument("--answer-field", help="the answer's field (task.answer_field; default: auto-detected)")
+    task.add_argument("--choices-field", help="the options' field of the choice task (task.choices_field)")
+    task.add_argument("--grader", help="your grader, package.module:attr (task.grader)")
+    task.add_argument("--code-dir", help="the folder holding your grader's module (task.code_dir)")
     model = p.add_argument_group("prompt length", "reject questions the model cannot take with max-tokens to answer")
     model.add_argument("--base-model", help="SageMaker Public Hub model ARN (session.base_model): its tokenizer "
                                             "and context from the Hub")
@@ -192,6 +221,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def task_config(args: argparse.Namespace) -> TaskConfig:
+    """The task section the arguments give, checked as the config file's is."""
+    keys = ("question_field", "answer_field", "choices_field", "grader", "code_dir")
+    section = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "task", None) is not None:
+        section["name"] = args.task
+    try:
+        return config_from_dict({"task": section}, source="steps.validate arguments").task
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_step(lambda: run(parse_args(argv)))
 
@@ -202,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise Refused(f"--output {out_dir}: cannot create directory ({exc.strerror})") from None
-    report = validate(args.train, args.eval, args.batch_size, out_dir, args.on_overlap, prompt_budget(args))
+    task = build_task(task_config(args))
+    report = validate(args.train, args.eval, args.batch_size, out_dir, args.on_overlap, prompt_budget(args), task)
     if report["status"] != "accepted":
         raise Refused(report["message"])
     print(report["message"])

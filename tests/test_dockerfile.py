@@ -56,6 +56,8 @@ def base_images() -> list[str]:
 
 def test_base_image_is_pinned_to_a_patch_release():
     for image in base_images():
+        if image == "scratch":  # the empty task_code stage (a `--build-context task_code=<dir>` replaces it)
+            continue
         name, _, tag = image.partition(":")
         assert name == "python", image
         assert re.fullmatch(r"\d+\.\d+\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", tag), image
@@ -261,3 +263,17 @@ def test_why_not_uid_1000_it_cannot_write_them(container_root):
         denied = write_as(1000, container_root / rel)
         assert denied.returncode != 0 and "Permission denied" in denied.stderr, rel
         assert not (container_root / rel / "probe").exists()
+
+
+def test_the_image_has_a_place_for_a_users_task_code_on_its_pythonpath():
+    """`make build-image TASK_CODE=<dir>` passes `--build-context task_code=<dir>`, which replaces the empty
+    task_code stage: the folder lands where the steps import task.grader from (steps/tasks/task.py)."""
+    from steps.tasks.task import IMAGE_TASK_CODE
+
+    assert ("FROM", "scratch AS task_code") in [i for stage in stages() for i in stage]
+    final = stages()[-1]
+    assert ("COPY", f"--from=task_code / {IMAGE_TASK_CODE}/") in final
+    env = " ".join(a for k, a in final if k == "ENV")
+    assert f"PYTHONPATH={IMAGE_TASK_CODE}" in env
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(if $(TASK_CODE),--build-context task_code=$(TASK_CODE))" in makefile

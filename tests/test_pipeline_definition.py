@@ -215,8 +215,10 @@ def test_validate_step_contract(definition):
     assert container_args[6:8] == ["--output", "/opt/ml/processing/output/validated"]
     # The prompt-length check: the base model (its tokenizer and context from the Hub), the completion
     # budget and the chat-template arguments of the config, as TrainDAPO will render the prompts.
-    assert container_args[8:] == ["--base-model", {"Get": "Parameters.BaseModel"}, "--max-tokens", "512",
-                                  "--chat-template-kwargs", "{}", "--region", "us-west-2"]
+    assert container_args[8:16] == ["--base-model", {"Get": "Parameters.BaseModel"}, "--max-tokens", "512",
+                                    "--chat-template-kwargs", "{}", "--region", "us-west-2"]
+    # The rows' task: the Task parameter (the config's other task settings only when set).
+    assert container_args[16:] == ["--task", {"Get": "Parameters.Task"}]
     ins = inputs(step(definition, "ValidateData"))
     assert set(ins) == {"train", "eval"}  # no tokenizer input unless pipeline.tokenizer_s3_uri is set
     assert ins["train"]["S3Uri"] == {"Get": "Parameters.TrainDataS3Uri"}
@@ -399,6 +401,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "TrainDataS3Uri": ("String", cfg.train_s3_uri),
         "EvalDataS3Uri": ("String", cfg.eval_s3_uri),
         "BaseModel": ("String", s.base_model),
+        "Task": ("String", "gsm8k"),
         "BatchSize": ("Integer", 16),
         "GroupSize": ("Integer", 8),
         "MaxSteps": ("Integer", 30),

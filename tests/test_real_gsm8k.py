@@ -70,9 +70,25 @@ def test_the_validator_keeps_every_real_row_and_finds_no_overlap(tmp_path):
     assert report["kept"] == {"eval": 1319, "train": 7473}
     assert {name: split["rejected"] for name, split in report["splits"].items()} == {"eval": 0, "train": 0}
     assert report["overlap"]["count"] == 0
+    # Every row's own gold answer read and graded right by the GSM8K grader, before anything could bill.
+    assert report["grader_agreement"] == {"checked": 8792, "agreed": 8792, "first_disagreements": []}
     assert rows(tmp_path / "out" / "train.jsonl") == rows(TRAIN)  # cleaned = the input, row for row
     FIGURES.append(f"validator, {TRAIN.name} + {TEST.name}: 8,792 rows, all kept, 0 overlap, "
                    f"{seconds:.2f} s, peak Python allocation {peak / 1e6:.1f} MB")
+
+
+def test_the_hash_task_reads_every_real_gold_answer_and_the_boxed_task_refuses_them(tmp_path):
+    from steps.config import TaskConfig
+    from steps.tasks import build_task
+
+    report = validate.validate(str(TRAIN), str(TEST), 32, tmp_path / "hash", task=build_task(TaskConfig(name="hash")))
+    assert report["status"] == "accepted"
+    assert report["grader_agreement"] == {"checked": 8792, "agreed": 8792, "first_disagreements": []}
+    report = validate.validate(str(TRAIN), str(TEST), 32, tmp_path / "boxed", task=build_task(TaskConfig(name="boxed")))
+    assert report["status"] == "refused" and report["grader_agreement"]["agreed"] == 0
+    assert "the boxed task's grader cannot read the gold answers of eval: it agreed with 0 of 1319 rows" in \
+        report["message"]
+    assert "these answers read as the built-in task hash (TASK=hash" in report["message"]
 
 
 def test_the_prompt_length_check_on_the_real_questions(tmp_path):

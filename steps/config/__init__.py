@@ -2,6 +2,7 @@
 
     session:   # where the training session runs (SessionConfig)
     dapo:      # the algorithm (DapoConfig)
+    task:      # the prompt, grader and row rules: a built-in answer format or your grader (TaskConfig)
     pipeline:  # deployment settings, read by pipeline/ only (PipelineConfig)
 
 SageMaker hands hyperparameters to the training job as a flat string map, so
@@ -17,9 +18,9 @@ from steps.config.load import (
     load_yaml,
     to_dict,
 )
-from steps.config.models import DapoConfig, PipelineConfig, SessionConfig
+from steps.config.models import DapoConfig, PipelineConfig, SessionConfig, TaskConfig
 
 __all__ = [
-    "ConfigError", "DapoConfig", "PipelineConfig", "RunConfig", "SessionConfig",
+    "ConfigError", "DapoConfig", "PipelineConfig", "RunConfig", "SessionConfig", "TaskConfig",
     "apply_overrides", "config_from_dict", "load_config", "load_yaml", "to_dict",
 ]

@@ -1,7 +1,7 @@
 """Reading a config file into :class:`RunConfig`, and turning pydantic's errors into one line per problem."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -11,7 +11,10 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from steps.cli import Refused
-from steps.config.models import SECTIONS, DapoConfig, PipelineConfig, Section, SessionConfig, type_name
+from steps.config.models import SECTIONS, DapoConfig, PipelineConfig, Section, SessionConfig, TaskConfig, type_name
+
+#: The sections a training job's flat hyperparameters (``batch_size=64``) set; their field names are unique.
+FLAT_SECTIONS = ("session", "dapo", "task")
 
 
 class ConfigError(Refused, ValueError):
@@ -24,6 +27,7 @@ class RunConfig:
     dapo: DapoConfig
     pipeline: PipelineConfig | None = None  # only files meant for deployment have one
     source: str = "<defaults>"
+    task: TaskConfig = field(default_factory=TaskConfig)  # the prompt, grader and row rules (steps/tasks/)
 
 
 def _number(value: float) -> str:
@@ -138,7 +142,7 @@ def _parse_scalar(text: str) -> Any:
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Route flat ``key -> value`` overrides (``batch_size`` or ``dapo.batch_size``) into their sections."""
-    owner = {name: section for section in ("session", "dapo") for name in SECTIONS[section].model_fields}
+    owner = {name: section for section in FLAT_SECTIONS for name in SECTIONS[section].model_fields}
     out = {k: dict(v or {}) if isinstance(v, Mapping) else v for k, v in (raw or {}).items()}
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
@@ -154,5 +158,5 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any], source
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:
-    """The session and dapo sections, as written into model.json and the training job's hyperparameters."""
-    return {"session": cfg.session.model_dump(), "dapo": cfg.dapo.model_dump()}
+    """The session, dapo and task sections, as written into model.json and the training job's hyperparameters."""
+    return {"session": cfg.session.model_dump(), "dapo": cfg.dapo.model_dump(), "task": cfg.task.model_dump()}

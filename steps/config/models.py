@@ -1,4 +1,4 @@
-"""The three sections of a config file as pydantic models: ``session``, ``dapo``, ``pipeline``.
+"""The four sections of a config file as pydantic models: ``session``, ``dapo``, ``task``, ``pipeline``.
 
 Bounds follow what the API accepts (botocore's models), so an out-of-range value
 fails here, before anything is billed, not at the first training operation.
@@ -132,6 +132,45 @@ class DapoConfig(Section):
         return self
 
 
+#: The built-in tasks (steps/tasks/): an answer format each; ``custom`` is the user's own grader (``task.grader``).
+TaskName = Literal["gsm8k", "hash", "boxed", "answer_is", "choice", "custom"]
+_FIELD_RULE = _rule("must be the name of a field of the JSONL rows (letters, digits, _ and -)")
+_FIELD = r"^[A-Za-z0-9_\-]{1,64}$"
+
+
+class TaskConfig(Section):
+    """What the model is trained on: the prompt, the grader and the row rules (steps/tasks/); config/default.yaml
+    documents each key. Field names left null are found per file (``question``/``answer``, ``problem``/``solution``)."""
+
+    name: TaskName = "gsm8k"
+    question_field: str | None = Field(None, pattern=_FIELD, json_schema_extra=_FIELD_RULE)
+    answer_field: str | None = Field(None, pattern=_FIELD, json_schema_extra=_FIELD_RULE)
+    choices_field: str | None = Field(None, pattern=_FIELD, json_schema_extra=_FIELD_RULE)
+    # The user's own task: an entry point `package.module:attr` naming an object with the Task protocol
+    # (steps/dapo/task.py) or a factory returning one; code_dir is put on sys.path first (the image has it too:
+    # `make build-image TASK_CODE=<dir>` copies it to /opt/program/task_code, on the image's PYTHONPATH).
+    grader: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", json_schema_extra=_rule(
+        "must be an entry point package.module:attr (an object with prompt() and grade(), or a factory of one)"))
+    code_dir: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grader_means_custom(cls, values: Any) -> Any:
+        # Naming a grader is choosing it: `task.name` may be left out (or be `custom`).
+        if isinstance(values, dict) and values.get("grader") and "name" not in values:
+            return {**values, "name": "custom"}
+        return values
+
+    @model_validator(mode="after")
+    def _grader_iff_custom(self) -> "TaskConfig":
+        if self.name == "custom" and not self.grader:
+            raise ValueError("'task.name' custom needs 'task.grader' (package.module:attr of your grader)")
+        if self.name != "custom" and self.grader:
+            raise ValueError(f"'task.grader' is used only with 'task.name: custom' (got '{self.name}', a built-in "
+                             "task); drop one of them")
+        return self
+
+
 class VpcSettings(Section):
     """``pipeline.vpc``: the subnets and security groups of every job and training session (botocore's limits)."""
 
@@ -221,7 +260,8 @@ class PipelineConfig(Section):
         return self.mlflow_experiment or self.name
 
 
-SECTIONS: dict[str, type[Section]] = {"session": SessionConfig, "dapo": DapoConfig, "pipeline": PipelineConfig}
+SECTIONS: dict[str, type[Section]] = {"session": SessionConfig, "dapo": DapoConfig, "task": TaskConfig,
+                                      "pipeline": PipelineConfig}
 
 
 def type_name(annotation: Any) -> str:

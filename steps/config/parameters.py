@@ -1,7 +1,7 @@
 """The pipeline parameters: one table for the definition's Parameters, their routing to config keys,
 the checks of ``make start-pipeline`` and the README's table.
 
-Each parameter's default is the value of one config key; for ``session`` and ``dapo`` keys the
+Each parameter's default is the value of one config key; for ``session``, ``dapo`` and ``task`` keys the
 execution's value also overrides that key in the training job's hyperparameters.
 
 This table is the one place where a concept's name changes: the pipeline parameter's name
@@ -39,6 +39,8 @@ PARAMETERS = (
     Parameter("TrainDataS3Uri", "pipeline.train_s3_uri", "String", "GSM8K JSONL prefix of the train split"),
     Parameter("EvalDataS3Uri", "pipeline.eval_s3_uri", "String", "GSM8K JSONL prefix of the held-out split"),
     Parameter("BaseModel", "session.base_model", "String", "Hub model ARN to fine-tune"),
+    Parameter("Task", "task.name", "String",
+              "the task: gsm8k, hash, boxed, answer_is, choice (built-in answer formats) or custom (task.grader)"),
     Parameter("BatchSize", "dapo.batch_size", "Integer", "informative groups per optimizer step"),
     Parameter("GroupSize", "dapo.group_size", "Integer", "completions per prompt"),
     Parameter("MaxSteps", "dapo.max_steps", "Integer", "optimizer steps"),
@@ -59,7 +61,7 @@ PARAMETERS = (
 )
 BY_NAME = {p.name: p for p in PARAMETERS}
 #: Parameters that override a training-job hyperparameter: name -> flat config key.
-HYPERPARAMETERS = {p.name: p.field for p in PARAMETERS if p.section in ("session", "dapo")}
+HYPERPARAMETERS = {p.name: p.field for p in PARAMETERS if p.section in ("session", "dapo", "task")}
 
 
 def overridden(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 A task says how one of its examples becomes a prompt and how a completion of it is graded; the
 core (``steps/dapo``) does the rest: sampling, rewards and their overlong shaping, group advantages,
 datums, updates, checkpoints. It is tinker-cookbook's environment/loop split (``rl/problem_env.py``
-beside ``rl/train.py``) for a single-turn problem with a rule-based grader. GSM8K
-(``steps/gsm8k/task.py``) is one task; the entry points choose it.
+beside ``rl/train.py``) for a single-turn problem with a rule-based grader. The entry points build
+the task the config's ``task`` section names (steps/tasks/: GSM8K and the other built-in answer formats,
+or the user's own object with this protocol, given as an entry point ``package.module:attr``).
 
 The core reads two fields of an example for its reports (``predictions.jsonl``): ``question`` and
 ``gold``. Its answer reading comes back inside the :class:`Grade`, so the answer a prediction

@@ -20,6 +20,7 @@ from steps.dapo.task import Grade
 # of a subtraction ("10-5" ends in 5, not -5).
 _NUMBER = r"(?:(?<![\w)])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?:(?<![\w)])[-+])?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
+NUMBER = _NUMBER  # the pattern, for the other numeric answer formats (steps/tasks/answers.py)
 # What may sit between a marker and its number: "#### $18", "#### **42**",
 # "answer is: 7", and the toy tokenizer's spaced-out "#### - 5".
 _LEAD = r"[\s:=*$]*"

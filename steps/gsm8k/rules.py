@@ -23,11 +23,14 @@ from steps.gsm8k.data import (
     RowError,
     iter_lines,
     jsonl_files,
-    parse_example,
 )
 from steps.gsm8k.prompt import render_prompt
 
 DUPLICATE_QUESTION = "duplicate question"
+GRADER_DISAGREES = "the grader does not agree with the gold answer"
+# A split where the task's grader reads fewer than this share of the gold answers is refused: the task or
+# its fields do not fit the data (a few unreadable rows are dropped, as any bad row is).
+MIN_AGREEMENT = 0.5
 FIRST_N = 20  # rejected / overlapping rows listed in validation.json
 SHOWN = 5  # rejected rows quoted in a refusal message
 _ENCODER = json.JSONEncoder(ensure_ascii=False)  # reused: json.dumps builds one per call
@@ -89,8 +92,10 @@ class PromptBudget:
     context_tokens: int
     source: str  # where context_tokens comes from, quoted in every rejection
 
-    def check(self, question: str) -> None:
-        n = len(render_prompt(self.tokenizer, question, self.chat_template_kwargs))
+    def check(self, question: str, task: Any = None, example: Any = None) -> None:
+        """``task``: the prompt is the task's for ``example`` (default: GSM8K's for ``question``)."""
+        n = len(task.prompt(example, self.tokenizer, self.chat_template_kwargs) if task is not None
+                else render_prompt(self.tokenizer, question, self.chat_template_kwargs))
         if n + self.max_tokens > self.context_tokens:
             raise RowError(PROMPT_TOO_LONG, f"{n} prompt tokens + max_tokens {self.max_tokens} = "
                                             f"{n + self.max_tokens} > {self.context_tokens}, the context of "
@@ -122,6 +127,11 @@ class SplitScan:
     overlap: int = 0
     first_overlap: list[Rejection] = field(default_factory=list)
     digests: DigestSet = field(default_factory=DigestSet)
+    fields: dict[str, Any] = field(default_factory=dict)  # per file: the task's Fields (steps/tasks/rows.py)
+    checked: int = 0  # rows whose gold answer the task's grader was given
+    agreed: int = 0  # ... and graded its reference answer right
+    first_disagreements: list[Rejection] = field(default_factory=list)
+    hint: list[str] = field(default_factory=list)  # built-in tasks that read a gold answer this task could not
 
     @property
     def rejected(self) -> int:
@@ -131,6 +141,14 @@ class SplitScan:
         self.by_reason[reason] += 1
         if len(self.first_rejected) < FIRST_N:
             self.first_rejected.append(Rejection(line.file, line.line_no, reason, detail))
+
+    def disagree(self, line: RawLine, reason: str, detail: str) -> None:
+        if len(self.first_disagreements) < FIRST_N:
+            self.first_disagreements.append(Rejection(line.file, line.line_no, reason, detail))
+
+    def agreement_json(self) -> dict[str, Any]:
+        return {"checked": self.checked, "agreed": self.agreed,
+                "first_disagreements": [vars(r) for r in self.first_disagreements]}
 
     def reasons_text(self) -> str:
         return ", ".join(f"{reason} {n}" for reason, n in self.by_reason.most_common()) or "none"
@@ -144,6 +162,8 @@ class SplitScan:
             "rejected": self.rejected,
             "rejected_by_reason": dict(self.by_reason.most_common()),
             "first_rejected": [vars(r) for r in self.first_rejected],
+            "fields": {file: f.to_json() for file, f in self.fields.items()},
+            "grader_agreement": self.agreement_json(),
         }
 
 
@@ -155,14 +175,44 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def read_example(task: Any, scan: SplitScan, line: RawLine) -> Any:
+    """The row's example, its gold answer checked by the task's grader (steps/tasks/task.py): a row whose gold
+    cannot be read, or whose own reference answer the grader does not give full marks, is a disagreement."""
+    fields = scan.fields.get(line.file)
+    if fields is None:  # found from each file's first row
+        fields = scan.fields[line.file] = task.fields_for(line.row)
+    try:
+        example = task.read(line.row, fields)
+    except RowError as exc:
+        if exc.reason in task.no_gold_reasons:
+            scan.checked += 1
+            scan.disagree(line, exc.reason, exc.detail)
+            answer = line.row.get(fields.answer)
+            if not scan.hint and isinstance(answer, str):
+                scan.hint = task.readers_of(answer, line.row.get(fields.choices or "choices"))
+        raise
+    scan.checked += 1
+    agreed, why = task.check_gold(example)
+    if not agreed:
+        scan.disagree(line, GRADER_DISAGREES, why)
+        raise RowError(GRADER_DISAGREES, why)
+    scan.agreed += 1
+    return example
+
+
 def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None = None,
-               budget: PromptBudget | None = None) -> SplitScan:
+               budget: PromptBudget | None = None, task: Any = None) -> SplitScan:
     """Stream one split, write its clean rows to ``out``, and count the rest.
 
     ``eval_digests`` (train only) are the eval questions: a train row asking one
     of them is an overlap, left out of ``out`` and counted separately. With a
     ``budget``, a question the model cannot take with ``max_tokens`` to answer is rejected.
+    ``task`` (steps/tasks; default GSM8K) reads the rows and grades each one's gold answer.
     """
+    if task is None:
+        from steps.tasks import default_task
+
+        task = default_task()
     try:
         inputs = [{"file": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in jsonl_files(path)]
     except OSError as exc:
@@ -173,12 +223,12 @@ def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None
         try:
             if line.error:
                 raise RowError(line.error, line.detail)
-            question = parse_example(line.row).question
-            digest = question_digest(question)
+            example = read_example(task, scan, line)
+            digest = question_digest(example.question)
             if digest in scan.digests:
                 raise RowError(DUPLICATE_QUESTION, "an earlier row asks it, ignoring case and spacing")
             if budget is not None:
-                budget.check(question)
+                budget.check(example.question, task, example)
         except RowError as exc:
             scan.reject(line, exc.reason, exc.detail)
             continue
@@ -206,9 +256,26 @@ def _first_problems(scan: SplitScan) -> list[str]:
     return [f"    {r}" for r in scan.first_rejected[:SHOWN]]
 
 
-def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_overlap: str) -> list[str]:
+def agreement_problem(scan: SplitScan, task_name: str) -> str | None:
+    """The task's grader cannot read most of a split's gold answers: the task or its fields do not fit the data."""
+    if not scan.checked or scan.agreed >= MIN_AGREEMENT * scan.checked:
+        return None
+    fields = "; ".join(f"{Path(f).name}: question {v.question!r}, answer {v.answer!r}"
+                       + (f", choices {v.choices!r}" if v.choices else "") + f" ({v.source})"
+                       for f, v in scan.fields.items())
+    hint = (f"these answers read as the built-in task {' or '.join(scan.hint)} (TASK={scan.hint[0]}, "
+            f"--task {scan.hint[0]}, task.name: {scan.hint[0]})" if scan.hint else
+            "choose the task whose answer format the data has (task.name, the Task parameter, TASK=)")
+    return (f"the {task_name} task's grader cannot read the gold answers of {scan.name}: it agreed with "
+            f"{scan.agreed} of {scan.checked} rows in {scan.path} (fields of {fields}), first:\n"
+            + "\n".join(f"    {r}" for r in scan.first_disagreements[:SHOWN])
+            + f"\n  fix: {hint}, or name the answer field (task.answer_field)")
+
+
+def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_overlap: str,
+                     task_name: str = "gsm8k") -> list[str]:
     """Why this data cannot train (empty list: it can), each with counts and the fix."""
-    problems = []
+    problems = [p for p in (agreement_problem(eval_, task_name), agreement_problem(train, task_name)) if p]
     if train.overlap and on_overlap == "fail":
         problems.append(
             f"{train.overlap} train question(s) in {train.path} also appear in eval {eval_.path} "
@@ -220,10 +287,13 @@ def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_ove
         problems.append(
             f"eval data has no usable rows: {_describe(eval_)}\n"
             + "\n".join(_first_problems(eval_))
-            + "\n  fix: provide held-out rows {\"question\": ..., \"answer\": \"... #### <number>\"}"
+            + ("\n  fix: provide held-out rows {\"question\": ..., \"answer\": \"... #### <number>\"}"
+               if task_name == "gsm8k" else f"\n  fix: provide held-out rows the {task_name} task can read "
+                                            f"(make check-task DATA=<dir> TASK={task_name} shows how it reads them)")
         )
     if train.kept < batch_size:
-        fix = f"or lower --batch-size to at most {train.kept}" if train.kept else "and check it is GSM8K JSONL"
+        kind = "GSM8K JSONL" if task_name == "gsm8k" else f"JSONL the {task_name} task reads"
+        fix = f"or lower --batch-size to at most {train.kept}" if train.kept else f"and check it is {kind}"
         problems.append(
             f"train data has {train.kept} usable rows, fewer than --batch-size {batch_size}: {_describe(train)}\n"
             + "\n".join(_first_problems(train))
