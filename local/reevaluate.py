@@ -143,7 +143,7 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace) -> int:
         "run_id": run_id, "number": rv.number, "execution_id": rv.execution_id, "parameters": rv.params,
         "values": rv.values, "selected_steps": selected_steps(rv.definition), "kept_steps": list(KEPT),
         "outcome": outcome, "failure": None if failure is None else {"step": failure.step, "message": failure.message},
-        "verdict_before": verdict(before), "verdict_after": verdict(after),
+        "verdict_before": verdict(before), "verdict_after": verdict(after), "model_package": after,
         "steps": {name: asdict(rec) for name, rec in records.items()}}, indent=2)
     print(summary(rv, out, records, failure, interrupted, sessions, before, after, time.monotonic() - t0), flush=True)
     if interrupted:

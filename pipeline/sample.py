@@ -108,7 +108,8 @@ def sample(service: Any, cfg: RunConfig, request: Request, base_model: str, prom
         response = sampler.sample(prompt, num_samples=request.n, sampling_params=params).result()
         meter.sampled(len(prompt), [s.tokens for s in response.sequences])
     finally:  # first: the session is what is billed (also on Ctrl-C and SIGTERM, which unwind through here)
-        stop_session(training_client, failing=response is None)
+        if stop_session(training_client, failing=response is None):
+            say(f"sample: training session {name} stopped")
     return response, billing.block(meter.total, billing.service_count(name, cfg.session.region), name,
                                    cfg.session.prices)
 
