@@ -4,7 +4,9 @@
   the local service started on the run's saved state, and stops its session;
 - ``make local-run REEVALUATE=<run id>`` reruns EvaluateModel and the gate from the run's own definition: only
   MinImprovement changed turns an approved adapter into a rejected one, TrainDAPO's outputs stay byte for byte,
-  the registry entry keeps the earlier verdict;
+  the registry entry keeps the earlier verdict (both on tests/test_local_run.py's approved run, which calls
+  :func:`sample_and_reevaluate`); both refuse a run without its adapter, and a re-evaluation a parameter it
+  would ignore, before anything starts;
 - ``make reevaluate EXECUTION=<arn>`` (pipeline.reevaluate) starts a selective execution in moto with the source
   execution's parameters and refuses a parameter no selected step reads;
 - steps.approve keeps every earlier verdict (moto's registry replaces metadata, the local service merges it).
@@ -13,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
 
-from local import reevaluate as local_reevaluate
 from local import run
 from local import sample as local_sample
 from local.training_session.models import PackageRegistry
@@ -34,17 +36,12 @@ REGION = "us-west-2"
 LOCAL = str(Path(__file__).resolve().parents[1] / "config" / "local.yaml")
 
 
-# -- a finished local run, approved at its own bars --------------------------------------------------------------
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A small local run approved at AccuracyThreshold 0 and MinImprovement -1: any adapter that took a step."""
-    runs = tmp_path_factory.mktemp("runs")
-    code = run.main(["--runs-dir", str(runs), "--definition-out", str(runs / "pipeline.json"), "--quiet",
-                     "--train-rows", "120", "--eval-rows", "24", "--param", "MaxSteps=2", "--param", "EvalSize=16",
-                     "--param", "AccuracyThreshold=0", "--param", "MinImprovement=-1"])
-    assert code == 0
-    (run_dir,) = [p for p in runs.iterdir() if (p / "summary.txt").exists()]
-    return run_dir
+# -- a finished local run: tests/test_local_run.py's approved run is sampled and re-evaluated ---------------------
+def sample_and_reevaluate(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Called at the end of test_local_run_trains_evaluates_and_approves, on its approved run (one local run serves
+    both: a run costs a minute here, and a module fixture would be one per pytest-xdist worker)."""
+    sample_prints_the_adapters_completions_and_stops_its_session(run_dir, capsys)
+    reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir, capsys)
 
 
 def digests(run_dir: Path) -> dict[str, str]:
@@ -54,12 +51,13 @@ def digests(run_dir: Path) -> dict[str, str]:
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
-def test_sample_prints_the_adapters_completions_and_stops_its_session(finished, capsys):
+def sample_prints_the_adapters_completions_and_stops_its_session(run_dir: Path, capsys) -> None:
     """A succeeded run keeps only its adapter's package; the SDK samples it from a session that is then stopped."""
-    packages = sorted(p.name for p in (finished / "service-state" / "packages").rglob("*") if p.is_file())
-    version = json.loads((finished / "model.json").read_text())["model_package_arn"].rsplit("/", 1)[-1]
+    packages = sorted(p.name for p in (run_dir / "service-state" / "packages").rglob("*") if p.is_file())
+    version = json.loads((run_dir / "model.json").read_text())["model_package_arn"].rsplit("/", 1)[-1]
     assert packages == [f"{version}.json", f"{version}.npz"]
-    code = local_sample.main([finished.name, "--runs-dir", str(finished.parent), "--n", "2", "--temperature", "0",
+    capsys.readouterr()
+    code = local_sample.main([run_dir.name, "--runs-dir", str(run_dir.parent), "--n", "2", "--temperature", "0",
                               "--prompt", "Ann has 3 apples and buys 4 more. How many apples does she have?"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -69,38 +67,49 @@ def test_sample_prints_the_adapters_completions_and_stops_its_session(finished, 
     assert f"source=service session={session}" in out  # the bill, read once the session was stopped
 
 
-def test_sample_refuses_a_run_without_an_adapter(tmp_path, capsys):
-    (tmp_path / "20261206-000000-abcd").mkdir()
-    assert local_sample.main(["20261206-000000-abcd", "--runs-dir", str(tmp_path), "--prompt", "hi"]) == 2
-    assert "model.json does not exist: run 20261206-000000-abcd has no trained adapter" in capsys.readouterr().err
-
-
-def test_reevaluation_changes_the_verdict_and_leaves_training_untouched(finished, capsys):
-    before = digests(finished)
-    code = run.main(["--runs-dir", str(finished.parent), "--quiet", "--reevaluate", finished.name,
-                     "--param", "MinImprovement=0.9"])
+def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path, capsys) -> None:
+    """Approved at MinImprovement 0; the same adapter, the same questions, MinImprovement 1: rejected."""
+    before = digests(run_dir)
+    params = json.loads((run_dir / "run.json").read_text())["params"]
+    capsys.readouterr()
+    code = run.main(["--runs-dir", str(run_dir.parent), "--quiet", "--reevaluate", run_dir.name,
+                     "--param", "MinImprovement=1"])
     out = capsys.readouterr().out
     assert code == 1, out  # rejected: the execution fails at AccuracyTooLow, as a local run does
-    assert digests(finished) == before
-    record = json.loads((finished / "reevaluations" / "1" / "reevaluation.json").read_text())
+    assert digests(run_dir) == before
+    folder = run_dir / "reevaluations" / "1"
+    record = json.loads((folder / "reevaluation.json").read_text())
     assert (record["verdict_before"], record["verdict_after"]) == ("Approved", "Rejected")
-    assert record["parameters"] == {"MinImprovement": "0.9"}
-    assert record["values"] == {"MaxSteps": "2", "EvalSize": "16", "AccuracyThreshold": "0", "MinImprovement": "0.9"}
+    assert record["parameters"] == {"MinImprovement": "1"} and record["values"] == {**params, "MinImprovement": "1"}
     steps = record["steps"]
     assert [steps[s]["status"] for s in ("ValidateData", "TrainDAPO", "EvaluateModel", "RecordRejection")] == \
         ["Succeeded"] * 4
     assert steps["TrainDAPO"]["message"].startswith("kept from run") and steps["CheckAccuracy"]["message"] == "false"
     assert "ApproveModel" not in steps
     metadata = record["model_package"]["CustomerMetadataProperties"]
-    assert metadata["min_improvement"] == "0.9000" and "below MinImprovement 0.9" in metadata["rejection_reason"]
-    assert metadata["verdicts"] == "2"
-    assert metadata["verdict_1"].startswith(f"Approved execution={finished.name} accuracy=")
-    assert metadata["verdict_1"].endswith("accuracy_threshold=0.0000 min_improvement=-1.0000")
-    assert metadata["pipeline_execution_arn"].endswith(f"{finished.name}-r1")
-    evaluation = json.loads((finished / "reevaluations" / "1" / "evaluation.json").read_text())
-    assert evaluation["n"] == 16 and (finished / "reevaluations" / "1" / "evaluation_base.json").exists()
+    assert metadata["min_improvement"] == "1.0000" and "below MinImprovement 1" in metadata["rejection_reason"]
+    assert metadata["verdicts"] == "2" and metadata["pipeline_execution_arn"].endswith(f"{run_dir.name}-r1")
+    assert metadata["verdict_1"].startswith(f"Approved execution={run_dir.name} accuracy=")
+    assert metadata["verdict_1"].endswith("min_improvement=0.0000")
+    old, new = (json.loads(p.read_text()) for p in (run_dir / "evaluation.json", folder / "evaluation.json"))
+    assert new["n"] == old["n"] and new["model_package_arn"] == old["model_package_arn"]
+    assert (folder / "evaluation_base.json").exists() and (folder / "logs" / "EvaluateModel.log").exists()
     assert "verdict: Rejected (was Approved): improvement lower bound" in out
     assert "training sessions created: 1, left running: 0" in out  # EvaluateModel's; TrainDAPO's was not created
+
+
+def fake_finished_run(runs: Path) -> Path:
+    """What plan() reads of a finished run, without running one: the refusals come before anything starts."""
+    run_dir = runs / "20261206-000000-abcd"
+    (run_dir / "service-state").mkdir(parents=True)
+    kept = {"config": LOCAL, "params": {"MaxSteps": "3"}, "outcome": "succeeded"}
+    (run_dir / "run.json").write_text(json.dumps(kept))
+    (run_dir / "steps.json").write_text(json.dumps({name: {"name": name, "type": "Processing", "status": "Succeeded"}
+                                                    for name in ("ValidateData", "TrainDAPO")}))
+    (run_dir / "pipeline.json").write_text(json.dumps(local_build()["definition"]))
+    (run_dir / "model.json").write_text(json.dumps({"model_package_arn": "arn:aws:sagemaker:us-west-2:123456789012:"
+                                                                         "model-package/dapo-local/3"}))
+    return run_dir
 
 
 @pytest.mark.parametrize("args, message", [
@@ -108,18 +117,44 @@ def test_reevaluation_changes_the_verdict_and_leaves_training_untouched(finished
                                  "re-evaluation keeps"),
     (["--param", "MinImprovment=0.5"], "did you mean MinImprovement?"),
     (["--param", "MaxSteps=5"], "read only by TrainDAPO"),
+    (["--param", "MinImprovement=2"], "'pipeline.min_improvement' must be"),
     (["--train-rows", "10"], "drop --train-rows"),
 ])
-def test_reevaluation_refuses_what_it_would_ignore_before_creating_anything(finished, args, message):
+def test_reevaluation_refuses_what_it_would_ignore_before_creating_anything(tmp_path, args, message):
+    run_dir = fake_finished_run(tmp_path)
     with pytest.raises(Refused, match=message):
-        run.main(["--runs-dir", str(finished.parent), "--reevaluate", finished.name, *args])
-    folder = finished / "reevaluations"  # none, or the one the test above made
-    assert not folder.exists() or {p.name for p in folder.iterdir()} <= {"1"}
+        run.main(["--runs-dir", str(tmp_path), "--reevaluate", run_dir.name, *args])
+    assert not (run_dir / "reevaluations").exists()
 
 
-def test_reevaluation_needs_a_finished_run(tmp_path):
-    with pytest.raises(Refused, match="does not exist; the local runs with a trained adapter: none"):
-        run.main(["--runs-dir", str(tmp_path), "--reevaluate", "20261206-000000-abcd"])
+@pytest.mark.parametrize("change, message", [
+    ({"outcome": "interrupted"}, "that run is interrupted; re-evaluate a run that ended"),
+    ({"TrainDAPO": "Failed"}, "TrainDAPO did not succeed in that run"),
+    ({"model.json": None}, "has no trained adapter (TrainDAPO did not finish)"),
+    ({"service-state": None}, "this run's adapter weights are gone"),
+])
+def test_reevaluation_and_sample_need_a_finished_run_with_its_adapter(tmp_path, change, message, capsys):
+    run_dir = fake_finished_run(tmp_path)
+    if "outcome" in change:
+        (run_dir / "run.json").write_text(json.dumps({"config": LOCAL, "params": {}, **change}))
+    if "TrainDAPO" in change:
+        (run_dir / "steps.json").write_text(json.dumps({"TrainDAPO": {"status": "Failed"}}))
+    if "model.json" in change:
+        (run_dir / "model.json").unlink()
+    if "service-state" in change:
+        (run_dir / "service-state").rmdir()
+    with pytest.raises(Refused, match=re.escape(message)):
+        run.main(["--runs-dir", str(tmp_path), "--reevaluate", run_dir.name])
+    if "outcome" not in change and "TrainDAPO" not in change:  # sample needs the adapter, not how the run ended
+        assert local_sample.main([run_dir.name, "--runs-dir", str(tmp_path), "--prompt", "hi"]) == 2
+        assert message in capsys.readouterr().err
+    assert not (run_dir / "reevaluations").exists()
+
+
+def test_reevaluation_and_sample_name_the_runs_there_when_the_id_is_wrong(tmp_path):
+    fake_finished_run(tmp_path)
+    with pytest.raises(Refused, match="does not exist; the local runs with a trained adapter: 20261206-000000-abcd"):
+        run.main(["--runs-dir", str(tmp_path), "--reevaluate", "20261206-000000-ffff"])
 
 
 # -- on AWS: selective execution ---------------------------------------------------------------------------------
@@ -210,13 +245,3 @@ def test_the_local_registry_removes_what_an_update_names():
     finally:
         registry.close()
     assert updated.customer_metadata == {"a": "1", "b": "2"} and updated.approval_status == "Approved"
-
-
-def test_reevaluation_folder_numbers_are_claimed_once(finished):
-    plan = local_reevaluate.Reevaluation(finished, 1, {}, {}, LOCAL, {}, {})
-    first, second = local_reevaluate.create_folder(plan)[1], local_reevaluate.create_folder(plan)[1]
-    try:
-        assert first != second and first.parent == second.parent == finished / "reevaluations"
-    finally:
-        first.rmdir()
-        second.rmdir()
