@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 from local.sample import SERVICE_STATE, finished_run
 from pipeline.reevaluate import KEPT, check_overrides, overrides_text, selected_steps
@@ -29,6 +29,21 @@ from steps.platform import files
 
 FOLDER = "reevaluations"
 RECORD = "reevaluation.json"
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """What a re-evaluation shares with a local run: local.run hands it in (it imports this module, so this module
+    does not import it)."""
+
+    check_params: Callable[[dict[str, str], str], Any]  # names, types and ranges of the parameters
+    progress: Callable[[bool, Path], Any]  # the console's step lines
+    announcements: Callable[[dict[str, Any]], dict[str, str]]
+    run_log: Callable[[Path], ContextManager[None]]
+    bucket_of: Callable[[dict[str, Any]], str]
+    fresh_options: tuple[str, ...]  # the options of a new run or a resume, which a re-evaluation does not take
+    run_file: str = "run.json"
+    steps_file: str = "steps.json"
 
 
 @dataclass(frozen=True)
@@ -48,19 +63,18 @@ class Reevaluation:
         return f"{self.run_dir.name}-r{self.number}"
 
 
-def plan(args: argparse.Namespace) -> Reevaluation:
-    from local.run import DEFAULTS, RUN_FILE, STEPS_FILE, check_params
-
-    given = [f"--{k.replace('_', '-')}" for k in ("config", "resume", *DEFAULTS) if getattr(args, k) is not None]
+def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
+    given = [f"--{k.replace('_', '-')}" for k in local.fresh_options if getattr(args, k, None) is not None]
     if given:
         raise Refused(f"--reevaluate {args.reevaluate} runs the run's own definition, data and config; drop "
                       f"{' '.join(given)} (--param sets what changes)")
     run_dir, _ = finished_run(Path(args.runs_dir), args.reevaluate)
-    kept_run = json.loads((run_dir / RUN_FILE).read_text())
+    kept_run = json.loads((run_dir / local.run_file).read_text())
     if kept_run.get("outcome") not in ("succeeded", "failed"):
         raise Refused(f"--reevaluate {args.reevaluate}: that run is {kept_run.get('outcome')}; re-evaluate a run that "
                       f"ended (succeeded or failed), or continue it with python -m local.run --resume {run_dir.name}")
-    records = json.loads((run_dir / STEPS_FILE).read_text()) if (run_dir / STEPS_FILE).exists() else {}
+    steps_file = run_dir / local.steps_file
+    records = json.loads(steps_file.read_text()) if steps_file.exists() else {}
     missing = [name for name in KEPT if (records.get(name) or {}).get("status") != "Succeeded"]
     if missing:
         raise Refused(f"--reevaluate {args.reevaluate}: {' and '.join(missing)} did not succeed in that run, so there "
@@ -68,7 +82,7 @@ def plan(args: argparse.Namespace) -> Reevaluation:
     definition = json.loads((run_dir / "pipeline.json").read_text())
     params = parse_pairs(args.param, "--param", "MinImprovement=0.1")
     values = {**kept_run["params"], **params}
-    check_params(values, kept_run["config"])  # names, types, the config's ranges; the data is the run's
+    local.check_params(values, kept_run["config"])  # names, types, the config's ranges; the data is the run's
     check_overrides(params, definition)
     folder = run_dir / FOLDER
     number = 1 + max((int(p.name) for p in folder.glob("*") if p.name.isdigit()), default=0) if folder.exists() else 1
@@ -94,24 +108,21 @@ def verdict(package: dict[str, Any] | None) -> str:
     return package["ModelApprovalStatus"] if package else "unknown"
 
 
-def reevaluate(args: argparse.Namespace) -> int:
+def reevaluate(args: argparse.Namespace, local: LocalRun) -> int:
     """Plan (refusals: nothing created), run, summarize; the exit code of a local run (0: approved)."""
-    from local.run import run_log
-
-    rv, out = create_folder(plan(args))
-    with run_log(out / "local-run.log"):
-        return _run(rv, out, args)
+    rv, out = create_folder(plan(args, local))
+    with local.run_log(out / "local-run.log"):
+        return _run(rv, out, args, local)
 
 
-def _run(rv: Reevaluation, out: Path, args: argparse.Namespace) -> int:
+def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun) -> int:
     from local import report
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
-    from local.run import Progress, _bucket_of, announcements
     from local.stack import REGION, LocalStack
     from pipeline.config import load
 
     t0 = time.monotonic()
-    run_id, progress = rv.run_dir.name, Progress(args.quiet, out / "logs")
+    run_id, progress = rv.run_dir.name, local.progress(args.quiet, out / "logs")
     records: dict[str, Any] = {}
     failure, interrupted, sessions, before, after = None, False, None, None, None
     print(f"re-evaluation {rv.number} of local run {run_id}: {overrides_text(rv.params)}; runs "
@@ -120,7 +131,7 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace) -> int:
     with LocalStack(log_path=out / "training-session-service.log", state_dir=rv.run_dir / SERVICE_STATE) as stack:
         env = stack.env()
         before = report.registry_entry(rv.run_dir, env)
-        stack.s3().create_bucket(Bucket=_bucket_of(rv.definition),
+        stack.s3().create_bucket(Bucket=local.bucket_of(rv.definition),
                                  CreateBucketConfiguration={"LocationConstraint": REGION})
         execution = LocalExecution(
             rv.definition, rv.values, stack.s3(), out / "work", env, execution_id=rv.execution_id,
@@ -128,7 +139,7 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace) -> int:
             records=records, log_dir=out / "logs",
             previous={name: StepRecord(**rec) for name, rec in rv.kept.items()}, kept_from=rv.run_dir / "work",
             kept_message=f"kept from run {run_id} (not run again: its outputs are re-used)")
-        progress.about = announcements(execution.values)
+        progress.about = local.announcements(execution.values)
         try:
             execution.run()
         except PipelineFailed as exc:

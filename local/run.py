@@ -295,9 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     require_training_session_sdk()
     args = parse_args(argv)
     if args.reevaluate:
-        from local.reevaluate import reevaluate
+        from local.reevaluate import LocalRun, reevaluate
 
-        return reevaluate(args)
+        return reevaluate(args, LocalRun(check_params, Progress, announcements, run_log, _bucket_of,
+                                         ("config", "resume", *DEFAULTS), RUN_FILE, STEPS_FILE))
     plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
     run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
     with run_log(run_dir / "local-run.log"):
