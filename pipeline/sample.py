@@ -16,6 +16,7 @@ code against a finished local run's adapter.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
@@ -157,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config)
         region = resolve_region(cfg.session.region, args.config)
         aws_session(region)  # credentials, before anything is created
-        cfg = cfg.model_copy(update={"session": cfg.session.model_copy(update={"region": region})})
+        cfg = dataclasses.replace(cfg, session=cfg.session.model_copy(update={"region": region}))
         return try_adapter(cfg, request_from(args, args.model))
 
     return run_step(body, hint=lambda: "nothing is left running: the session, if one was created, was stopped")

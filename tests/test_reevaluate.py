@@ -25,7 +25,7 @@ from moto import mock_aws
 from local import run
 from local import sample as local_sample
 from local.training_session.models import PackageRegistry
-from pipeline import reevaluate
+from pipeline import reevaluate, sample
 from pipeline.aws import UserError
 from steps import approve
 from steps.cli import Refused
@@ -245,3 +245,48 @@ def test_the_local_registry_removes_what_an_update_names():
     finally:
         registry.close()
     assert updated.customer_metadata == {"a": "1", "b": "2"} and updated.approval_status == "Approved"
+
+
+# -- make sample MODEL=<package ARN>: the AWS form, against the local service as its endpoint --------------------
+@pytest.fixture
+def adapter(service_client, local_service):
+    """A sampler package of the local toy (weights saved before any training: enough to sample from)."""
+    from tests.local_service import BASE_MODEL_ARN
+
+    with service_client.create_lora_training_client(base_model=BASE_MODEL_ARN) as tc:
+        return tc.save_weights_for_sampler().result().model_package_arn
+
+
+def _sessions(service, before: set[str]) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in service.sessions() if s["name"] not in before}
+
+
+def test_sample_a_package_in_a_session_of_its_own_and_stop_it(adapter, local_service, capsys):
+    before = {s["name"] for s in local_service.sessions()}
+    code = sample.main(["--config", LOCAL, "--model", adapter, "--prompt", "What is 2 plus 3?", "--n", "3",
+                        "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (name, status), = _sessions(local_service, before).items()
+    assert status == "Stopped" and f"sample: training session {name} stopped" in out
+    assert out.count("--- completion ") == 3 and f"3 completion(s) of {adapter}" in out
+    assert re.search(rf"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service session={name} ",
+                     out, re.M)
+
+
+def test_sample_stops_its_session_when_sampling_fails(adapter, local_service, capsys):
+    from local.training_session.faults import Faults
+
+    before = {s["name"] for s in local_service.sessions()}
+    local_service.set_faults(Faults(sampling_fail_rate=1.0))
+    code = sample.main(["--config", LOCAL, "--model", adapter, "--prompt", "What is 2 plus 3?"])
+    assert code == 1 and "nothing is left running" in capsys.readouterr().err
+    assert list(_sessions(local_service, before).values()) == ["Stopped"]
+
+
+def test_sample_refuses_a_package_that_is_not_there_before_creating_a_session(local_service, capsys):
+    before = {s["name"] for s in local_service.sessions()}
+    missing = "arn:aws:sagemaker:us-west-2:123456789012:model-package/dapo-local/999"
+    assert sample.main(["--config", LOCAL, "--model", missing, "--prompt", "hi"]) == 2
+    assert f"model package {missing}: " in capsys.readouterr().err
+    assert _sessions(local_service, before) == {}
