@@ -132,7 +132,8 @@ def reevaluate(session: Any, name: str, source_arn: str, params: dict[str, str],
     declared = {p["Name"]: p["Type"] for p in definition.get("Parameters", [])}
     check_params(params, declared, config_path)  # names, types and the config's ranges
     check_overrides(params, definition)
-    values = {**source_parameters(sm, source_arn), **params}
+    # The source's values of the parameters the deployed pipeline still declares, and the overrides.
+    values = {**{n: v for n, v in source_parameters(sm, source_arn).items() if n in declared}, **params}
     steps = selected_steps(definition)
     print(f"re-evaluate: {source_arn} with {overrides_text(params)}; runs {', '.join(steps)}; keeps "
           f"{' and '.join(KEPT)} from it (nothing is trained)", flush=True)
