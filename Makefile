@@ -16,6 +16,13 @@ TASK ?=
 TASK_CODE ?=
 # The local run's config instead of config/local.yaml (e.g. a copy with your task section).
 LOCAL_CONFIG ?=
+# make sample: the adapter (a model package ARN, or a local run id) and what to ask it.
+MODEL ?=
+PROMPT ?=
+N ?= 1
+# make reevaluate: the execution to evaluate again; make local-run REEVALUATE=<run id>: its local twin.
+EXECUTION ?=
+REEVALUATE ?=
 # `make pipeline-definition` works before config/config.yaml exists.
 DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
 IMAGE_NAME ?= dapo-steps
@@ -24,7 +31,7 @@ MLFLOW_PORT ?= 5000
 
 .DEFAULT_GOAL := help
 .PHONY: help install test local-run check-task mlflow-ui pipeline-definition deploy-pipeline start-pipeline sessions \
-        stop-orphans build-image push-image data bench clean
+        stop-orphans build-image push-image data bench clean sample reevaluate
 
 help: ## this list (the default target)
 	@echo "usage: make TARGET [VAR=value ...]"
@@ -42,8 +49,9 @@ test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2
 
+# REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed.
 local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides, DATA=dir TASK=name
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))
 
 # Without DATA, a few generated toy rows (GSM8K's format) stand in.
 check-task: install ## three prompts of DATA=dir and the grader's verdict on their gold answers (TASK=name), offline
@@ -65,6 +73,19 @@ deploy-pipeline: install ## create or update the pipeline from CONFIG (default c
 start-pipeline: install ## start an execution; PARAMS="BatchSize=64 MaxSteps=30" overrides, WAIT=1 follows it
 	$(BIN)/python -m pipeline.start --config $(CONFIG) $(foreach p,$(PARAMS),--param $(p)) \
 		$(if $(EXPERIMENT),--mlflow-experiment $(EXPERIMENT)) $(if $(WAIT),--wait)
+
+# A model package ARN samples on AWS (a session created and stopped, CONFIG's session settings); a local run id
+# samples the local service started on that run's saved adapter.
+sample: install ## try an adapter: MODEL=<model package ARN or local run id> PROMPT="..." [N=3]
+	$(if $(MODEL),,$(error MODEL=<model package ARN or local run id> is required))
+	$(if $(PROMPT),,$(error PROMPT="..." is required: the question to ask the adapter))
+	$(BIN)/python -m $(if $(filter arn:%,$(MODEL)),pipeline.sample --config $(CONFIG) --model $(MODEL),local.sample \
+		$(MODEL)) --n $(N) --prompt '$(subst ','\'',$(PROMPT))'
+
+reevaluate: install ## EvaluateModel and the gate again, no training: EXECUTION=<arn> PARAMS="MinImprovement=0.1"
+	$(if $(EXECUTION),,$(error EXECUTION=<pipeline execution ARN> is required (locally: make local-run REEVALUATE=<run id>)))
+	$(BIN)/python -m pipeline.reevaluate --config $(CONFIG) --execution $(EXECUTION) \
+		$(foreach p,$(PARAMS),--param $(p)) $(if $(WAIT),--wait)
 
 sessions: install ## the pipeline's training sessions: status, age, owner job, attempt
 	$(BIN)/python -m pipeline.sessions --config $(CONFIG)

@@ -25,6 +25,9 @@ second hand-wired copy:
   uploaded again from the work dir, as S3 held them, and later steps read their
   recorded properties. A training job run again first finds its checkpoint dir in S3,
   as SageMaker's checkpoint sync would have left it.
+- Re-evaluation (selective execution): ``previous`` holds only the steps kept from another execution, whose
+  work dir is ``kept_from``; their outputs are uploaded from there, read and never written, and every other
+  step runs in this execution's own work dir.
 
 Container paths (/opt/ml/...) are mapped under a per-step work directory.
 S3 is whatever the boto3 client points at (moto locally).
@@ -87,6 +90,8 @@ class LocalExecution:
     records: dict[str, StepRecord] = field(default_factory=dict)
     log_dir: Path | None = None  # each step's whole output, <step>.log
     previous: dict[str, StepRecord] = field(default_factory=dict)  # resume: the interrupted execution's records
+    kept_from: Path | None = None  # the work dir of the execution ``previous`` ran in, when it is not this one
+    kept_message: str = "kept from the interrupted run (its outputs restored to S3)"
 
     def __post_init__(self) -> None:
         try:
@@ -173,6 +178,10 @@ class LocalExecution:
     def _container_path(self, rec: StepRecord, path: str) -> Path:
         return self.workdir / rec.name / path.lstrip("/")
 
+    def _kept_path(self, rec: StepRecord, path: str) -> Path:
+        """Where a kept step's files are: the work dir of the execution that ran it."""
+        return (self.kept_from or self.workdir) / rec.name / path.lstrip("/")
+
     def _map_args(self, rec: StepRecord, args: list[Any]) -> list[str]:
         return [str(self._container_path(rec, a)) if str(a).startswith("/opt/ml/") else str(a) for a in args]
 
@@ -223,10 +232,10 @@ class LocalExecution:
         self.records[rec.name] = rec
         if rec.type == "Processing":
             for out in rec.properties.get("ProcessingOutputConfig", {}).get("Outputs", []):
-                self._upload(self._container_path(rec, out["S3Output"]["LocalPath"]), out["S3Output"]["S3Uri"])
+                self._upload(self._kept_path(rec, out["S3Output"]["LocalPath"]), out["S3Output"]["S3Uri"])
         else:
-            self._upload_training_outputs(rec, rec.properties, checkpoint=True)
-        rec.status, rec.message = "Succeeded", "kept from the interrupted run (its outputs restored to S3)"
+            self._upload_training_outputs(rec, rec.properties, checkpoint=True, at=self._kept_path)
+        rec.status, rec.message = "Succeeded", self.kept_message
         self.on_status(rec)
 
     def _processing(self, step: dict[str, Any], rec: StepRecord) -> None:
@@ -282,13 +291,18 @@ class LocalExecution:
         rec.properties = {**args, "TrainingJobName": job, "ModelArtifacts": {"S3ModelArtifacts": model_uri}}
         self._upload_training_outputs(rec, rec.properties, checkpoint=False)  # synced above
 
-    def _upload_training_outputs(self, rec: StepRecord, properties: dict[str, Any], checkpoint: bool) -> None:
-        root, output = self._container_path(rec, "/opt/ml"), properties["OutputDataConfig"]["S3OutputPath"].rstrip("/")
-        self._upload_tar(root / "model", properties["ModelArtifacts"]["S3ModelArtifacts"])
+    def _upload_training_outputs(self, rec: StepRecord, properties: dict[str, Any], checkpoint: bool,
+                                 at: Callable[[StepRecord, str], Path] | None = None) -> None:
+        """The job's model tarball, output data and (``checkpoint``) checkpoint dir to S3, from ``at`` (default:
+        this execution's work dir); a kept job's tarball is uploaded as its run packed it."""
+        kept = at is not None
+        at = at or self._container_path
+        root, output = at(rec, "/opt/ml"), properties["OutputDataConfig"]["S3OutputPath"].rstrip("/")
+        self._upload_tar(root / "model", properties["ModelArtifacts"]["S3ModelArtifacts"], reuse=kept)
         self._upload(root / "output/data", f"{output}/{properties['TrainingJobName']}/output/data")
         ckpt = properties.get("CheckpointConfig")
         if ckpt and checkpoint:
-            self._upload(self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")), ckpt["S3Uri"])
+            self._upload(at(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")), ckpt["S3Uri"])
 
     def _condition(self, step: dict[str, Any], rec: StepRecord) -> list[dict[str, Any]]:
         args = step["Arguments"]
@@ -317,12 +331,15 @@ class LocalExecution:
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             self.s3.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.relative_to(local).as_posix()}")
 
-    def _upload_tar(self, local: Path, uri: str) -> None:
-        local.mkdir(parents=True, exist_ok=True)
+    def _upload_tar(self, local: Path, uri: str, reuse: bool = False) -> None:
+        """``local`` packed as model.tar.gz beside it, and uploaded; with ``reuse``, the tarball already there is
+        uploaded as it is (a kept step's files are read, never written)."""
         tar_path = local.parent / "model.tar.gz"
-        with tarfile.open(tar_path, "w:gz") as tar:
-            for path in sorted(local.rglob("*")):
-                tar.add(path, arcname=path.relative_to(local).as_posix())
+        if not (reuse and tar_path.is_file()):
+            local.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(tar_path, "w:gz") as tar:
+                for path in sorted(local.rglob("*")):
+                    tar.add(path, arcname=path.relative_to(local).as_posix())
         bucket, key = _split(uri)
         self.s3.upload_file(str(tar_path), bucket, key)
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from local.sample import keep_only_the_adapter
 from local.stack import ROOT
 from steps.cli import Refused, parse_pairs
 from steps.config import RunConfig, config_from_dict, load_yaml
@@ -59,7 +60,8 @@ def parameter_help(config: str) -> str:
                                initial_indent="  ", subsequent_indent=" " * (width + 4), break_long_words=False,
                                break_on_hyphens=False)
     lines += ["", "examples: python -m local.run --param MaxSteps=10 --param BatchSize=8",
-              "          python -m local.run --resume 20261204-184207-a3f2   (continue an interrupted run)"]
+              "          python -m local.run --resume 20261204-184207-a3f2   (continue an interrupted run)",
+              "          python -m local.run --reevaluate 20261204-184207-a3f2 --param MinImprovement=0.1"]
     return "\n".join(lines)
 
 
@@ -97,6 +99,10 @@ def parser(config: str) -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue the interrupted or failed run runs/RUN_ID/ with its parameters and data: the steps "
                         "it completed are kept, the rest run, TrainDAPO from its last checkpoint")
+    p.add_argument("--reevaluate", metavar="RUN_ID",
+                   help="run EvaluateModel and the gate again on the finished run runs/RUN_ID/ with its parameters and "
+                        "the --param overrides (EvalSize, AccuracyThreshold, MinImprovement), without training again; "
+                        "writes runs/RUN_ID/reevaluations/<n>/")
     return p
 
 
@@ -352,6 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     require_training_session_sdk()
     args = parse_args(argv)
+    if args.reevaluate:
+        from local.reevaluate import LocalRun, reevaluate
+
+        return reevaluate(args, LocalRun(check_params, Progress, announcements, run_log, _bucket_of,
+                                         ("config", "resume", *DEFAULTS), RUN_FILE, STEPS_FILE))
     plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
     run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
     with run_log(run_dir / "local-run.log"):
@@ -413,8 +424,8 @@ def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
                                                                              status, outcome))
     files.write_json(run_dir / RUN_FILE, {**asdict(plan), "run_id": run_id, "previous": None,
                                           "outcome": ended.outcome})
-    if ended.outcome == "succeeded":  # nothing left to resume: the service's package weights go
-        shutil.rmtree(run_dir / "service-state", ignore_errors=True)
+    if ended.outcome == "succeeded":  # nothing left to resume: only the adapter's package stays (sample, re-evaluate)
+        keep_only_the_adapter(run_dir)
     summary = report.summarize(run_dir, ended.records, ended.failure, time.monotonic() - t0, ended.sessions,
                                ended.package, parameters=plan.params, notes=ended.notes, mlflow_status=mlflow,
                                interrupted=ended.interrupted)

@@ -42,6 +42,13 @@ APPROVED, REJECTED = "Approved", "Rejected"
 _NOT_A_METADATA_CHARACTER = re.compile(r"[^\w .:/=+\-@]")
 _METADATA_VALUE_MAX = 256
 _DESCRIPTION_MAX = 1024
+_METADATA_KEYS_MAX = 50  # CustomerMetadataMap's, botocore's model
+#: A re-evaluation keeps each earlier verdict as ``verdict_<n>``: its status, execution and these figures.
+VERDICT_PREFIX = "verdict_"
+VERDICT_FIGURES = ("accuracy", "n", "improvement_ci95_low", "accuracy_threshold", "min_improvement",
+                   "rejection_reason")
+#: Keys a verdict sets or not depending on itself, not on the adapter: an approval after a rejection removes them.
+_VERDICT_ONLY = ("rejection_reason",)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -216,16 +223,62 @@ def description(model: dict[str, Any], evaluation: dict[str, Any], bars: Bars, r
     return "; ".join([verdict + (": " + " and ".join(why) if why else ""), *parts, training])[:_DESCRIPTION_MAX]
 
 
+def earlier_verdict(current: dict[str, Any]) -> str:
+    """A verdict recorded on the package, in one metadata value: its status, the execution that gave it, and the
+    figures the gate read against its bars."""
+    have = current.get("CustomerMetadataProperties") or {}
+    parts = [current.get("ModelApprovalStatus") or "unknown"]
+    if have.get("pipeline_execution_arn"):
+        parts.append(f"execution={have['pipeline_execution_arn'].rsplit('/', 1)[-1]}")
+    parts += [f"{key}={have[key]}" for key in VERDICT_FIGURES if key in have]
+    return _text(" ".join(parts))
+
+
+def history(current: dict[str, Any], properties: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What keeps the earlier verdicts when a new one is recorded (a re-evaluation of the same adapter): every
+    ``verdict_<n>`` already on the package, the verdict being replaced as the next ``verdict_<n>`` (1: the first)
+    and ``verdicts``, how many the package has had with this one; and the keys the new verdict does not set that
+    would otherwise linger from the old one (the merge keeps what a request omits)."""
+    have = current.get("CustomerMetadataProperties") or {}
+    kept = {k: v for k, v in have.items() if k.startswith(VERDICT_PREFIX)}
+    if "accuracy" not in have:  # no verdict recorded yet: only the session's own keys
+        return kept, []
+    number = len(kept) + 1
+    kept[f"{VERDICT_PREFIX}{number}"] = earlier_verdict(current)
+    kept["verdicts"] = str(number + 1)
+    return kept, [key for key in _VERDICT_ONLY if key in have and key not in properties]
+
+
 def record(client: Any, arn: str, status: str, properties: dict[str, str], text: str) -> str:
     """Set ``status`` with the figures; returns what happened. moto resets the description and the
     metadata when a request omits them, so both always go together. The registry keeps metadata keys
-    it set itself (the training session's name), so ours need only be among them."""
+    it set itself (the training session's name), so ours need only be among them.
+
+    A package that already carries a verdict of another evaluation (a re-evaluation: new ``EvalSize``,
+    ``MinImprovement`` or ``AccuracyThreshold``, same adapter) gets the new one in the same keys, the status it
+    says, and the earlier ones kept (:func:`history`): the package stays the one registry entry of its adapter,
+    and its status is the latest verdict's."""
     current = client.describe_model_package(ModelPackageName=arn)
-    if (current.get("ModelApprovalStatus") == status
-            and properties.items() <= (current.get("CustomerMetadataProperties") or {}).items()):
+    have = current.get("CustomerMetadataProperties") or {}
+    if current.get("ModelApprovalStatus") == status and properties.items() <= have.items():
         return f"already {status.lower()}"
+    earlier, remove = history(current, properties)
+    properties = {**properties, **earlier}
+    if len((set(have) | set(properties)) - set(remove)) > _METADATA_KEYS_MAX:
+        raise Refused(f"model package {arn} carries {len(earlier) - 1} earlier verdicts and has no room for another "
+                      f"within the registry's {_METADATA_KEYS_MAX} metadata keys: remove old verdict_<n> keys "
+                      "(aws sagemaker update-model-package --customer-metadata-properties-to-remove ...) and run "
+                      "the step again")
+    replaced = "verdicts" in earlier  # a verdict was recorded before this one
+    if replaced:
+        number = int(earlier["verdicts"])
+        text = (f"{text}; verdict {number} of this adapter, the earlier ones kept in its metadata as verdict_1 to "
+                f"verdict_{number - 1}")[:_DESCRIPTION_MAX]
     client.update_model_package(ModelPackageArn=arn, ModelApprovalStatus=status, ApprovalDescription=text,
-                                CustomerMetadataProperties=properties)
+                                CustomerMetadataProperties=properties,
+                                **({"CustomerMetadataPropertiesToRemove": remove} if remove else {}))
+    if replaced:
+        return f"{status.lower()} (verdict {earlier['verdicts']}; the earlier one kept as verdict_{number - 1})"
     return status.lower()
 
 

@@ -23,6 +23,7 @@ from steps.config.parameters import PARAMETERS
 from steps.dapo import curves
 from steps.platform import billing
 from steps.platform.ownership import Owner
+from tests.test_reevaluate import sample_and_reevaluate
 
 
 # -- the pieces of run.py, without a run ----------------------------------------------------------------
@@ -166,7 +167,9 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert re.search(r"^train: step=15 .* progress=15/15 eta=0s$", logs["TrainDAPO.log"], re.M)
     assert "unencrypted" in logs["TrainDAPO.log"] and "unencrypted" not in out and "INFO" not in out
     assert "session dapo-" in (d / "training-session-service.log").read_text()
-    assert not (d / "service-state").exists()  # a run that succeeded has nothing to resume
+    # A run that succeeded has nothing to resume: of the service's packages only the adapter's stays (make sample,
+    # --reevaluate), with its registry entry.
+    assert sorted(p.suffix for p in (d / "service-state" / "packages").rglob("*") if p.is_file()) == [".json", ".npz"]
     # The overridden parameters: in the summary, and as the MLflow run's name and tags (below).
     assert "  parameters: MaxSteps=15 EvalSize=60\n" in out and "parameters: MaxSteps=15 EvalSize=60" in \
         (d / "summary.txt").read_text()
@@ -248,6 +251,8 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert table["columns"][:7] == ["step", "model", "question", "completion", "extracted", "gold", "reward"]
     assert [row[2:7] for row in table["data"]] == [[r[k] for k in ("question", "completion", "extracted", "gold",
                                                                     "reward")] for r in shown[32:]]
+    # The approved adapter, tried and re-evaluated without training again (tests/test_reevaluate.py; one run serves).
+    sample_and_reevaluate(d, capsys)
 
 
 def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):

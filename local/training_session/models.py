@@ -223,8 +223,9 @@ class PackageRegistry:
                           key=lambda p: (p.created, p.version))
 
     def update_approval(self, arn: str, status: str | None, description: str | None,
-                        metadata: dict[str, str] | None = None) -> ModelPackage:
-        """SageMaker's semantics: what a request omits is kept; metadata keys are added or replaced."""
+                        metadata: dict[str, str] | None = None, remove: list[str] | None = None) -> ModelPackage:
+        """SageMaker's semantics: what a request omits is kept; metadata keys are added or replaced, and those in
+        ``remove`` (CustomerMetadataPropertiesToRemove) removed."""
         with self._lock:
             if arn not in self._packages:
                 raise invalid(f"Model package {arn!r} does not exist")
@@ -232,7 +233,8 @@ class PackageRegistry:
             new = dataclasses.replace(
                 old, approval_status=status or old.approval_status,
                 approval_description=old.approval_description if description is None else description,
-                customer_metadata={**old.customer_metadata, **(metadata or {})}, modified=time.time())
+                customer_metadata={k: v for k, v in {**old.customer_metadata, **(metadata or {})}.items()
+                                   if k not in (remove or ())}, modified=time.time())
             self._packages[arn] = new
             self._write_meta(new)
             return new

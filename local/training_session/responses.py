@@ -269,7 +269,7 @@ def list_model_packages(backend: TrainingSessionBackend, params: dict[str, Any],
 def update_model_package(backend: TrainingSessionBackend, params: dict[str, Any], region: str) -> dict[str, Any]:
     package = backend.registry.update_approval(
         params["ModelPackageArn"], params.get("ModelApprovalStatus"), params.get("ApprovalDescription"),
-        params.get("CustomerMetadataProperties"))
+        params.get("CustomerMetadataProperties"), params.get("CustomerMetadataPropertiesToRemove"))
     return {"ModelPackageArn": package.arn}
 
 

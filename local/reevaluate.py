@@ -1,0 +1,197 @@
+"""``python -m local.run --reevaluate RUN_ID [--param Name=Value ...]``: EvaluateModel and the gate again, on a
+finished local run, without training again.
+
+The local twin of ``make reevaluate`` (pipeline/reevaluate.py, SageMaker's selective execution): the run's own
+definition (runs/<id>/pipeline.json) runs as a new execution (``<run-id>-r<n>``) in which ValidateData and
+TrainDAPO are kept from the run: their recorded properties stand, and their outputs are uploaded to S3 from the
+run's work dir, read and never written, so TrainDAPO's work dir, model.json, metrics.jsonl and checkpoints stay
+byte for byte as they were. EvaluateModel, CheckAccuracy and its branch run with the run's parameters and the
+overrides (only those the selected steps read; the same check as on AWS), against the local service started on
+the run's ``service-state/`` (the adapter's model package). Everything new goes to
+``runs/<id>/reevaluations/<n>/``: evaluation.json, evaluation_base.json, predictions.jsonl, rollouts.jsonl, the
+steps' logs, reevaluation.json (what ran, with what, and the verdict before and after) and summary.txt. The model
+package records the new verdict, the earlier one kept (steps/approve.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+from local.sample import SERVICE_STATE, finished_run
+from pipeline.reevaluate import KEPT, check_overrides, overrides_text, selected_steps
+from steps.cli import Refused, parse_pairs
+from steps.platform import files
+
+FOLDER = "reevaluations"
+RECORD = "reevaluation.json"
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """What a re-evaluation shares with a local run: local.run hands it in (it imports this module, so this module
+    does not import it)."""
+
+    check_params: Callable[[dict[str, str], str], Any]  # names, types and ranges of the parameters
+    progress: Callable[[bool, Path], Any]  # the console's step lines
+    announcements: Callable[[dict[str, Any]], dict[str, str]]
+    run_log: Callable[[Path], ContextManager[None]]
+    bucket_of: Callable[[dict[str, Any]], str]
+    fresh_options: tuple[str, ...]  # the options of a new run or a resume, which a re-evaluation does not take
+    run_file: str = "run.json"
+    steps_file: str = "steps.json"
+
+
+@dataclass(frozen=True)
+class Reevaluation:
+    """What a re-evaluation runs with, all checked before anything is started."""
+
+    run_dir: Path
+    number: int
+    params: dict[str, str]  # the overrides
+    values: dict[str, str]  # the run's parameters with the overrides in place
+    config: str
+    definition: dict[str, Any] = field(repr=False)
+    kept: dict[str, dict[str, Any]] = field(repr=False)  # the kept steps' records (steps.json)
+
+    @property
+    def execution_id(self) -> str:
+        return f"{self.run_dir.name}-r{self.number}"
+
+
+def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
+    given = [f"--{k.replace('_', '-')}" for k in local.fresh_options if getattr(args, k, None) is not None]
+    if given:
+        raise Refused(f"--reevaluate {args.reevaluate} runs the run's own definition, data and config; drop "
+                      f"{' '.join(given)} (--param sets what changes)")
+    run_dir, _ = finished_run(Path(args.runs_dir), args.reevaluate)
+    kept_run = json.loads((run_dir / local.run_file).read_text())
+    if kept_run.get("outcome") not in ("succeeded", "failed"):
+        raise Refused(f"--reevaluate {args.reevaluate}: that run is {kept_run.get('outcome')}; re-evaluate a run that "
+                      f"ended (succeeded or failed), or continue it with python -m local.run --resume {run_dir.name}")
+    steps_file = run_dir / local.steps_file
+    records = json.loads(steps_file.read_text()) if steps_file.exists() else {}
+    missing = [name for name in KEPT if (records.get(name) or {}).get("status") != "Succeeded"]
+    if missing:
+        raise Refused(f"--reevaluate {args.reevaluate}: {' and '.join(missing)} did not succeed in that run, so there "
+                      "is no adapter to re-evaluate")
+    definition = json.loads((run_dir / "pipeline.json").read_text())
+    params = parse_pairs(args.param, "--param", "MinImprovement=0.1")
+    values = {**kept_run["params"], **params}
+    local.check_params(values, kept_run["config"])  # names, types, the config's ranges; the data is the run's
+    check_overrides(params, definition)
+    folder = run_dir / FOLDER
+    number = 1 + max((int(p.name) for p in folder.glob("*") if p.name.isdigit()), default=0) if folder.exists() else 1
+    return Reevaluation(run_dir, number, params, values, kept_run["config"], definition,
+                        {name: records[name] for name in KEPT})
+
+
+def create_folder(rv: Reevaluation) -> tuple[Reevaluation, Path]:
+    """runs/<id>/reevaluations/<n>/, claimed as local.run claims a run dir: two at once get their own."""
+    number = rv.number
+    while True:
+        out = rv.run_dir / FOLDER / str(number)
+        try:
+            out.mkdir(parents=True)
+            break
+        except FileExistsError:
+            number += 1
+    rv = Reevaluation(rv.run_dir, number, rv.params, rv.values, rv.config, rv.definition, rv.kept)
+    return rv, out
+
+
+def verdict(package: dict[str, Any] | None) -> str:
+    return package["ModelApprovalStatus"] if package else "unknown"
+
+
+def reevaluate(args: argparse.Namespace, local: LocalRun) -> int:
+    """Plan (refusals: nothing created), run, summarize; the exit code of a local run (0: approved)."""
+    rv, out = create_folder(plan(args, local))
+    with local.run_log(out / "local-run.log"):
+        return _run(rv, out, args, local)
+
+
+def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun) -> int:
+    from local import report
+    from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
+    from local.stack import REGION, LocalStack
+    from pipeline.config import load
+
+    t0 = time.monotonic()
+    run_id, progress = rv.run_dir.name, local.progress(args.quiet, out / "logs")
+    records: dict[str, Any] = {}
+    failure, interrupted, sessions, before, after = None, False, None, None, None
+    print(f"re-evaluation {rv.number} of local run {run_id}: {overrides_text(rv.params)}; runs "
+          f"{', '.join(selected_steps(rv.definition))}; keeps {' and '.join(KEPT)} from the run (nothing is trained)",
+          flush=True)
+    with LocalStack(log_path=out / "training-session-service.log", state_dir=rv.run_dir / SERVICE_STATE) as stack:
+        env = stack.env()
+        before = report.registry_entry(rv.run_dir, env)
+        stack.s3().create_bucket(Bucket=local.bucket_of(rv.definition),
+                                 CreateBucketConfiguration={"LocationConstraint": REGION})
+        execution = LocalExecution(
+            rv.definition, rv.values, stack.s3(), out / "work", env, execution_id=rv.execution_id,
+            pipeline_name=load(rv.config)[0].name, on_line=progress.line, on_status=progress.status,
+            records=records, log_dir=out / "logs",
+            previous={name: StepRecord(**rec) for name, rec in rv.kept.items()}, kept_from=rv.run_dir / "work",
+            kept_message=f"kept from run {run_id} (not run again: its outputs are re-used)")
+        progress.about = local.announcements(execution.values)
+        try:
+            execution.run()
+        except PipelineFailed as exc:
+            failure = exc
+        except KeyboardInterrupt:
+            interrupted = True
+        report.collect(out / "work", out)
+        sessions = stack.sessions()
+        after = report.registry_entry(rv.run_dir, env)
+    outcome = "interrupted" if interrupted else "failed" if failure else "succeeded"
+    files.write_json(out / RECORD, {
+        "run_id": run_id, "number": rv.number, "execution_id": rv.execution_id, "parameters": rv.params,
+        "values": rv.values, "selected_steps": selected_steps(rv.definition), "kept_steps": list(KEPT),
+        "outcome": outcome, "failure": None if failure is None else {"step": failure.step, "message": failure.message},
+        "verdict_before": verdict(before), "verdict_after": verdict(after), "model_package": after,
+        "steps": {name: asdict(rec) for name, rec in records.items()}}, indent=2)
+    print(summary(rv, out, records, failure, interrupted, sessions, before, after, time.monotonic() - t0), flush=True)
+    if interrupted:
+        print("interrupted: every process this re-evaluation started has been stopped", file=sys.stderr, flush=True)
+        return 130
+    return 0 if failure is None else 1
+
+
+def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, interrupted: bool,
+            sessions: list[dict[str, Any]] | None, before: dict[str, Any] | None, after: dict[str, Any] | None,
+            seconds: float) -> str:
+    """The re-evaluation in a screenful, also written to summary.txt."""
+    from local import report
+
+    original = json.loads((rv.run_dir / "run.json").read_text())["params"]
+    lines = [f"== re-evaluation {rv.number} of local run {rv.run_dir.name} ({seconds:.0f}s) ==",
+             f"  parameters: {overrides_text(rv.params)} (the run's: {overrides_text(original)})"]
+    lines += [f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}"
+              for rec in records.values()]
+    lines += report.evaluation_lines(out)
+    if interrupted:
+        lines.append(f"  outcome: INTERRUPTED; start it again: python -m local.run --reevaluate {rv.run_dir.name}")
+    elif failure is not None and failure.step != "AccuracyTooLow":
+        lines.append(f"  outcome: FAILED at {failure.step}: {failure.message}")
+    else:
+        why = ((after or {}).get("CustomerMetadataProperties") or {}).get("rejection_reason")
+        lines.append(f"  verdict: {verdict(after)} (was {verdict(before)})" + (f": {why}" if why else ""))
+    if after:
+        metadata = after.get("CustomerMetadataProperties") or {}
+        earlier = " ".join(f"{k}=[{v}]" for k, v in sorted(metadata.items()) if k.startswith("verdict_"))
+        lines.append(f"  model package: {after['ModelApprovalStatus']} {after['ModelPackageArn']}")
+        lines.append(f"    earlier verdicts kept on it: {earlier or '(none)'}")
+    lines += report.session_lines(sessions)
+    names = sorted({p.name for p in out.iterdir() if p.is_file()} | {"summary.txt"})
+    lines.append(f"  artifacts: {out}/ ({', '.join(names)}); logs: {out / 'logs'}/")
+    lines.append(f"  kept as they were: {rv.run_dir / 'work'}/{{{','.join(KEPT)}}}, {rv.run_dir}/model.json, "
+                 "metrics.jsonl, evaluation.json")
+    text = "\n".join(lines)
+    (out / "summary.txt").write_text(text + "\n")
+    return text
