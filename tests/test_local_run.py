@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from local import report, run
 from local.pipeline_runner import LocalExecution, PipelineFailed
+from steps import evaluate
 from steps.cli import Refused
 from steps.config import config_from_dict, load_yaml
 from steps.config.parameters import PARAMETERS
@@ -177,6 +178,10 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert trained["metrics"]["accuracy"]["value"] > base["metrics"]["accuracy"]["value"]
     gain = trained["improvement"]
     assert 0 < gain["ci95_low"] < gain["value"] < gain["ci95_high"] and gain["n"] == 60
+    # Every answer of both models is in the run folder, and evaluation.json's figures follow from them alone.
+    assert len((d / "samples_base.jsonl").read_text().splitlines()) == 60 * 4
+    assert evaluate.main(["--recompute", str(d)]) == 0
+    assert re.search(r"^recompute: (\d+) of \1 figures of ", capsys.readouterr().out, re.M)
     # The summary: both accuracies with intervals, the difference with its interval, pass@k, where the rollouts are.
     m, b = trained["metrics"], base["metrics"]
     assert (f"greedy eval accuracy on 60 held-out questions: trained {m['accuracy']['value']:.3f} (95% CI "
