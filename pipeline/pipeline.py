@@ -177,9 +177,10 @@ STEP_TEXTS: dict[str, tuple[str, str]] = {
         "failed, and writes the verdict in words (verdict.json) before AccuracyTooLow fails the execution."),
     "AccuracyTooLow": (
         "Fail-not-approved",
-        "Fails the execution with RecordRejection's verdict: the conditions that failed, in words (e.g. stopped by "
-        "the entropy_collapse guard), then those that held, figures to 4 decimals; the model package records it "
-        "too."),
+        "Fails the execution with RecordRejection's verdict: the gate's conditions that failed, in words (the "
+        "accuracy against AccuracyThreshold, the improvement's 95% lower bound against MinImprovement, the optimizer "
+        "steps completed, a guard's stop: stopped by the entropy_collapse guard), then those that held, figures to 4 "
+        "decimals; the model package records it too."),
 }
 
 

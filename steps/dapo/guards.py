@@ -209,7 +209,8 @@ def observe(memory: GuardState, figures: Mapping[str, float], limits: Limits, st
     seen = fired.explain(figures, memory, limits)
     count = streaks[fired.name]
     if fired.windowed and len(window) >= limits.patience:
-        when = f"over the last {len(window)} steps (guard_patience={limits.patience})"
+        steps = f"the last {len(window)} steps" if len(window) > 1 else "this step"
+        when = f"over {steps} (guard_patience={limits.patience})"
     elif count >= limits.patience:
         when = f"for {count} consecutive steps (guard_patience={limits.patience})"
     else:
