@@ -108,6 +108,7 @@ class Condition:
     held: bool
     short: str  # failed: for the metadata's rejection_reason and AccuracyTooLow's message; held: what held
     sentence: str = ""  # failed: for the approval description
+    cause: bool = False  # failed, and the cause of the others (a guard's stop): named first in the verdict
 
 
 def conditions(evaluation: dict[str, Any], bars: Bars) -> list[Condition]:
@@ -134,7 +135,8 @@ def conditions(evaluation: dict[str, Any], bars: Bars) -> list[Condition]:
                                      f"{low:+.4f} is below {bar}"))
     if training.get("guard_stopped"):
         guard = training.get("guard") or "a health"
-        judged.append(Condition(False, f"stopped by the {guard} guard", f"the health guard {guard} stopped training"))
+        judged.append(Condition(False, f"stopped by the {guard} guard", f"the health guard {guard} stopped training",
+                                cause=True))
     elif "guard_stopped" in training:
         judged.append(Condition(True, "no health guard stopped training"))
     return judged
@@ -149,7 +151,9 @@ def verdict(evaluation: dict[str, Any], bars: Bars) -> str:
     """The gate's verdict in one line, the failed conditions first: what AccuracyTooLow's message says (it reads
     ``message`` from RecordRejection's verdict.json)."""
     judged = conditions(evaluation, bars)
-    failed, held = [c.short for c in judged if not c.held], [c.short for c in judged if c.held]
+    # A guard's stop first: it is the cause of the others (a sick run's accuracy, its steps, its improvement).
+    failed = [c.short for c in sorted(judged, key=lambda c: not c.cause) if not c.held]
+    held = [c.short for c in judged if c.held]
     if not failed:
         return "Approved: " + ", ".join(held) + "."
     return "Not approved: " + "; ".join(failed) + (f" (held: {', '.join(held)})" if held else "") + (

@@ -95,9 +95,9 @@ def test_the_verdict_names_the_failed_condition_in_words_then_those_that_held():
         f"optimizer steps completed, improvement lower bound {low:+.4f} >= MinImprovement 0). The model package "
         "records the figures and the rejection.")
     worst = evaluations.paired(trained=0, base=20, both=0, n=120, steps=0, guard="truncation")
-    assert approve.verdict(worst, approve.Bars(0.5, 0.0)).startswith(
-        "Not approved: accuracy 0.0000 below AccuracyThreshold 0.5; no optimizer step completed; improvement lower "
-        "bound -0.")
+    assert approve.verdict(worst, approve.Bars(0.5, 0.0)).startswith(  # the guard's stop first: the cause
+        "Not approved: stopped by the truncation guard; accuracy 0.0000 below AccuracyThreshold 0.5; no optimizer step "
+        "completed; improvement lower bound -0.")
     assert approve.verdict(RUNS["better than its base"][0], approve.Bars(0.5, 0.0)).startswith(
         "Approved: accuracy 0.5833 >= AccuracyThreshold 0.5, 30 optimizer steps completed, improvement lower bound +")
 
