@@ -18,6 +18,10 @@ ARTIFACTS = {
     "model.json": "TrainDAPO",
     "evaluation.json": "EvaluateModel",
     "predictions.jsonl": "EvaluateModel",
+    # Every other answer of the evaluation, so its figures can be recomputed from the run folder (steps/evaluate.py).
+    "predictions_base.jsonl": "EvaluateModel",
+    "samples.jsonl": "EvaluateModel",
+    "samples_base.jsonl": "EvaluateModel",
 }
 
 

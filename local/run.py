@@ -247,8 +247,8 @@ def announcements(values: dict[str, Any]) -> dict[str, str]:
         "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
                       f"{values.get('GroupSize')} completions"),
         "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",
-        "CheckAccuracy": f"accuracy >= {values.get('AccuracyThreshold')} and improvement >= "
-                         f"{values.get('MinImprovement')}?",
+        "CheckAccuracy": f"accuracy >= {values.get('AccuracyThreshold')}, improvement's 95% lower bound >= "
+                         f"{values.get('MinImprovement')}, >= 1 optimizer step, no guard stop?",
         "ApproveModel": "writes the evaluation onto the model package and approves it",
         "RecordRejection": "writes the evaluation and the failed conditions onto the model package, Rejected",
     }

@@ -81,6 +81,7 @@ SAGEMAKER_CONFIG = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules
 PROC = "/opt/ml/processing"
 VALIDATED_DIR = f"{PROC}/output/validated"
 EVALUATION_DIR = f"{PROC}/output/evaluation"
+VERDICT_DIR = f"{PROC}/output/verdict"
 TOKENIZER_DIR = f"{PROC}/input/tokenizer"
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 
@@ -99,7 +100,7 @@ def _metric(line: str, key: str) -> MetricDefinition:
 #          ... entropy=0.4120 sampler_kl=1.2e-05 completion_tokens_p50=210.0 completion_tokens_p95=880.0
 #          completion_tokens_max=1024 repetition_frac=0.0000 format_error_rate=0.0312   (steps/dapo/health.py)
 #   eval: step=10 accuracy=0.5300
-# A figure printed "nan" (sampler_kl where the loss returns no logprobs) matches no regex: no datapoint, not 0.
+# A figure printed "nan" matches no regex: no datapoint, not 0 (sampler_kl, where a step cannot measure it, is absent).
 HEALTH_METRICS = ("entropy", "sampler_kl", "completion_tokens_p50", "completion_tokens_p95", "completion_tokens_max",
                   "truncated_frac", "repetition_frac", "format_error_rate")
 METRIC_DEFINITIONS = [
@@ -174,12 +175,13 @@ STEP_TEXTS: dict[str, tuple[str, str]] = {
     "RecordRejection": (
         "Record-rejection-on-model-package",
         "Writes the same figures onto the trained model package and sets it Rejected, naming the conditions that "
-        "failed, before AccuracyTooLow fails the execution."),
+        "failed, and writes the verdict in words (verdict.json) before AccuracyTooLow fails the execution."),
     "AccuracyTooLow": (
         "Fail-not-approved",
-        "Fails the execution with the accuracy and AccuracyThreshold, the optimizer steps completed, the "
-        "improvement's 95% interval and MinImprovement, and the health guard; the model package already records "
-        "which condition failed."),
+        "Fails the execution with RecordRejection's verdict: the gate's conditions that failed, in words (the "
+        "accuracy against AccuracyThreshold, the improvement's 95% lower bound against MinImprovement, the optimizer "
+        "steps completed, a guard's stop: stopped by the entropy_collapse guard), then those that held, figures to 4 "
+        "decimals; the model package records it too."),
 }
 
 
@@ -454,21 +456,24 @@ def _evaluate_step(
 
 def _registry_step(
     name: str, cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluation: Any, session: PipelineSession,
-    *, reject: bool = False, depends_on: list[Any] | None = None
+    *, verdict: PropertyFile | None = None, depends_on: list[Any] | None = None
 ) -> ProcessingStep:
-    """steps.approve: the evaluation onto the model package, Approved, or with ``reject`` Rejected."""
+    """steps.approve: the evaluation onto the model package, Approved, or with ``verdict`` Rejected, writing the
+    gate's verdict in words as that property file (AccuracyTooLow's message reads it)."""
     args = _processor(cfg, params, "approve", session).run(
         inputs=[
             _s3_input("model", model, f"{PROC}/input/model"),
             _s3_input("evaluation", evaluation, f"{PROC}/input/evaluation"),
         ],
+        outputs=[_s3_output(verdict.output_name, _run_prefix(cfg, name, "verdict"), VERDICT_DIR)] if verdict else None,
         arguments=["--model", f"{PROC}/input/model", "--evaluation", f"{PROC}/input/evaluation",
                    "--execution-arn", ExecutionVariables.PIPELINE_EXECUTION_ARN,
                    "--accuracy-threshold", params["AccuracyThreshold"].to_string(),
                    "--min-improvement", params["MinImprovement"].to_string(),
-                   *(["--reject"] if reject else [])],
+                   *(["--reject", "--output", VERDICT_DIR] if verdict else [])],
     )
-    return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on)
+    return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on,
+                          property_files=[verdict] if verdict else None)
 
 
 def _gate_step(cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluation: Any, evaluate_name: str,
@@ -485,24 +490,19 @@ def _gate_step(cfg: PipelineConfig, params: dict[str, Any], model: Any, evaluati
     #   adapter is approved for what it adds to its base model, not for an accuracy the base already had;
     # - no health guard stopped training (a guard's stop is clean, and its package is never approved).
     # The condition says so where SageMaker shows the execution, and the other branch records which condition
-    # failed on the package before AccuracyTooLow fails it.
+    # failed on the package before AccuracyTooLow fails it, with RecordRejection's verdict in words as its message
+    # (a Join of the raw figures could only print every condition, unrounded: steps/approve.py words it).
     accuracy = report_value("metrics.accuracy.value")
     steps_completed = report_value("training.steps_completed")
-    gain, gain_low, gain_high = (report_value(f"improvement.{key}") for key in ("value", "ci95_low", "ci95_high"))
+    gain_low = report_value("improvement.ci95_low")
     guard_stopped = report_value("training.guard_stopped")
     approve = _registry_step("ApproveModel", cfg, params, model, evaluation, session)
-    rejection = _registry_step("RecordRejection", cfg, params, model, evaluation, session, reject=True)
+    verdict = PropertyFile(name="RejectionVerdict", output_name="verdict", path="verdict.json")
+    rejection = _registry_step("RecordRejection", cfg, params, model, evaluation, session, verdict=verdict)
     too_low = FailStep(
         **_texts("AccuracyTooLow"),
-        error_message=Join(
-            on="",
-            values=["Not approved: accuracy ", accuracy, " against the AccuracyThreshold ", params["AccuracyThreshold"],
-                    ", optimizer steps completed ", steps_completed,
-                    " (at least 1 needed), improvement over the base model ", gain, " with 95% interval [", gain_low,
-                    ", ", gain_high, "] whose lower bound must be at least the MinImprovement ",
-                    params["MinImprovement"], ", stopped by a health guard ", guard_stopped,
-                    " (must be 0); the model package records which condition failed."],
-        ),
+        error_message=Join(on="", values=[JsonGet(step_name=rejection.name, property_file=verdict,
+                                                  json_path="message")]),
         depends_on=[rejection],  # the rejection is on the package before the execution fails
     )
     check = ConditionStep(

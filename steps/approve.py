@@ -11,7 +11,9 @@ MLflow run, and what the run's training sessions billed (``billed_prefill_tokens
 counts come from; ``billed_usd`` with ``session.prices``); the approval description says the same in a
 sentence. ApproveModel runs it when CheckAccuracy holds. RecordRejection runs it with ``--reject`` on the other
 branch, before AccuracyTooLow fails the execution: the package then carries the same figures, the status
-``Rejected`` and why (``rejection_reason``: each condition of the gate that failed).
+``Rejected`` and why (``rejection_reason``: each condition of the gate that failed), and ``--output`` writes
+``verdict.json``, whose ``message`` (the failed conditions in words, then those that held, figures to 4
+decimals) is AccuracyTooLow's error message.
 
 Whether a package may be approved is the pipeline's condition alone (pipeline/pipeline.py); this step only
 explains it. :func:`failed_conditions` reads the same four figures the condition reads, against the same
@@ -34,10 +36,11 @@ from typing import Any, Sequence
 
 from steps.cli import Refused, run_step
 from steps.config.models import Prices
-from steps.platform import billing
+from steps.platform import billing, files
 from steps.platform.artifacts import read_model_json
 
 APPROVED, REJECTED = "Approved", "Rejected"
+VERDICT_FILE = "verdict.json"
 # What CustomerMetadataValue admits (botocore's pattern: letters, separators, numbers, _.:/=+-@), and its length.
 _NOT_A_METADATA_CHARACTER = re.compile(r"[^\w .:/=+\-@]")
 _METADATA_VALUE_MAX = 256
@@ -61,6 +64,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the bar the improvement's 95%% lower bound was held to, recorded")
     p.add_argument("--reject", action="store_true",
                    help="record the figures and set the package Rejected instead of Approved")
+    p.add_argument("--output", help=f"directory for {VERDICT_FILE}: the gate's verdict in words ({{\"status\", "
+                                    "\"message\"}}; AccuracyTooLow's message reads it)")
     return p.parse_args(argv)
 
 
@@ -103,27 +108,63 @@ class Bars:
     min_improvement: float | None = None
 
 
-def failed_conditions(evaluation: dict[str, Any], bars: Bars) -> list[tuple[str, str]]:
-    """The gate's conditions that ``evaluation`` fails, as (short reason for the metadata, sentence): the four
-    CheckAccuracy reads (pipeline/pipeline.py), each only where its figure and bar are known."""
+@dataclass(frozen=True)
+class Condition:
+    """One condition of the gate, judged: whether it held, and in words (the figures to 4 decimals)."""
+
+    held: bool
+    short: str  # failed: for the metadata's rejection_reason and AccuracyTooLow's message; held: what held
+    sentence: str = ""  # failed: for the approval description
+    cause: bool = False  # failed, and the cause of the others (a guard's stop): named first in the verdict
+
+
+def conditions(evaluation: dict[str, Any], bars: Bars) -> list[Condition]:
+    """The four conditions CheckAccuracy reads (pipeline/pipeline.py), in its order, each only where its figure
+    and bar are known."""
     training = evaluation.get("training") or {}
     gain = evaluation.get("improvement") or {}
     accuracy, steps = _figure(evaluation, "accuracy"), training.get("steps_completed")
-    failed = []
-    if bars.accuracy_threshold is not None and accuracy is not None and accuracy < bars.accuracy_threshold:
-        failed.append((f"accuracy {accuracy:.4f} below AccuracyThreshold {bars.accuracy_threshold:g}",
-                       f"the accuracy {accuracy:.4f} is below the threshold {bars.accuracy_threshold:g}"))
-    if steps is not None and steps < 1:
-        failed.append(("no optimizer step completed", "no optimizer step completed, so these are the base weights"))
+    judged = []
+    if bars.accuracy_threshold is not None and accuracy is not None:
+        bar = f"AccuracyThreshold {bars.accuracy_threshold:g}"
+        judged.append(Condition(True, f"accuracy {accuracy:.4f} >= {bar}") if accuracy >= bars.accuracy_threshold
+                      else Condition(False, f"accuracy {accuracy:.4f} below {bar}",
+                                     f"the accuracy {accuracy:.4f} is below the threshold {bars.accuracy_threshold:g}"))
+    if steps is not None:
+        judged.append(Condition(True, f"{steps} optimizer steps completed") if steps >= 1 else Condition(
+            False, "no optimizer step completed", "no optimizer step completed, so these are the base weights"))
     low = gain.get("ci95_low")
-    if bars.min_improvement is not None and low is not None and low < bars.min_improvement:
-        failed.append((f"improvement lower bound {low:+.4f} below MinImprovement {bars.min_improvement:g}",
-                       f"the improvement over the base model is not shown: its 95% lower bound {low:+.4f} is "
-                       f"below MinImprovement {bars.min_improvement:g}"))
+    if bars.min_improvement is not None and low is not None:
+        bar = f"MinImprovement {bars.min_improvement:g}"
+        judged.append(Condition(True, f"improvement lower bound {low:+.4f} >= {bar}") if low >= bars.min_improvement
+                      else Condition(False, f"improvement lower bound {low:+.4f} below {bar}",
+                                     f"the improvement over the base model is not shown: its 95% lower bound "
+                                     f"{low:+.4f} is below {bar}"))
     if training.get("guard_stopped"):
-        guard = training.get("guard") or "a health guard"
-        failed.append((f"stopped by guard {guard}", f"the health guard {guard} stopped training"))
-    return failed
+        guard = training.get("guard") or "a health"
+        judged.append(Condition(False, f"stopped by the {guard} guard", f"the health guard {guard} stopped training",
+                                cause=True))
+    elif "guard_stopped" in training:
+        judged.append(Condition(True, "no health guard stopped training"))
+    return judged
+
+
+def failed_conditions(evaluation: dict[str, Any], bars: Bars) -> list[tuple[str, str]]:
+    """The gate's conditions that ``evaluation`` fails, as (short reason for the metadata, sentence)."""
+    return [(c.short, c.sentence) for c in conditions(evaluation, bars) if not c.held]
+
+
+def verdict(evaluation: dict[str, Any], bars: Bars) -> str:
+    """The gate's verdict in one line, the failed conditions first: what AccuracyTooLow's message says (it reads
+    ``message`` from RecordRejection's verdict.json)."""
+    judged = conditions(evaluation, bars)
+    # A guard's stop first: it is the cause of the others (a sick run's accuracy, its steps, its improvement).
+    failed = [c.short for c in sorted(judged, key=lambda c: not c.cause) if not c.held]
+    held = [c.short for c in judged if c.held]
+    if not failed:
+        return "Approved: " + ", ".join(held) + "."
+    return "Not approved: " + "; ".join(failed) + (f" (held: {', '.join(held)})" if held else "") + (
+        ". The model package records the figures and the rejection.")
 
 
 def billed(model: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, Any]:
@@ -292,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
     text = description(model, evaluation, bars, args.reject)
     outcome = record(registry_client(region), model["model_package_arn"], status, properties, text)
     print(f"approve: {model['model_package_arn']} {outcome}: {text}", flush=True)
+    if args.output:
+        files.write_json(Path(args.output) / VERDICT_FILE, {"status": status, "message": verdict(evaluation, bars)})
     return 0
 
 

@@ -12,15 +12,19 @@ wrong give the paired difference (trained - base) with an exact McNemar-compatib
 ``metrics.accuracy.value`` (the trained adapter, strict), ``training.steps_completed``,
 ``improvement.ci95_low`` and ``training.guard_stopped``. The base model's figures sit under ``base`` in
 the same layout; ``billing``, the tokens the session billed (steps/platform/billing.py), beside them.
-``predictions.jsonl`` holds the trained adapter's greedy answers, ``rollouts.jsonl`` the first
+Every answer both models gave is written beside it, graded (:data:`ANSWER_FILES`; the rows are
+steps/dapo/heldout.py's ``greedy_rows`` and ``sample_rows``): ``predictions.jsonl`` and
+``predictions_base.jsonl`` the greedy answers, ``samples.jsonl`` and ``samples_base.jsonl`` the k sampled
+ones, so every figure of evaluation.json can be recomputed from the folder alone:
+``python -m steps.evaluate --recompute DIR`` (:func:`recompute`). ``rollouts.jsonl`` holds the first
 ``eval_rollouts`` answers of both models (steps/dapo/rollouts.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,16 +45,24 @@ MODELS = ("base", "trained")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m steps.evaluate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="model dir, model.tar.gz, or a dir holding it")
-    p.add_argument("--eval", required=True, help="held-out .jsonl file or directory")
-    p.add_argument("--output", required=True,
-                   help="directory for evaluation.json, predictions.jsonl and rollouts.jsonl")
+    p.add_argument("--model", help="model dir, model.tar.gz, or a dir holding it")
+    p.add_argument("--eval", help="held-out .jsonl file or directory")
+    p.add_argument("--output",
+                   help="directory for evaluation.json, the answer files (predictions*.jsonl, samples*.jsonl) and "
+                        "rollouts.jsonl")
+    p.add_argument("--recompute", metavar="DIR",
+                   help="instead of evaluating: recompute evaluation.json's figures in DIR from the answer files "
+                        "beside it and compare (exit 1 on a mismatch)")
     p.add_argument("--eval-size", type=int, default=None,
                    help="questions to evaluate, 0 for all (default: dapo.eval_size of the run)")
     p.add_argument("--tokenizer", help="directory of the base model's tokenizer files (pipeline.tokenizer_s3_uri); "
                                        "default: the tokenizer the Hub names for the base model")
     p.add_argument("--task", help="the task (the Task parameter; default: task.name of the run's model.json)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    missing = [f"--{name}" for name in ("model", "eval", "output") if getattr(args, name) is None]
+    if args.recompute is None and missing:
+        p.error(f"the following arguments are required: {', '.join(missing)} (or --recompute DIR)")
+    return args
 
 
 def run_task(model_config: dict[str, Any], name: str | None) -> dict[str, Any]:
@@ -158,10 +170,18 @@ def billing_metrics(model: dict[str, Any], evaluation: dict[str, Any], prices: A
     return out
 
 
-def write_outputs(out: Path, evaluation: dict[str, Any], trained: EvalResult, shown: list[dict[str, Any]]) -> None:
-    with files.atomic_open(out / "predictions.jsonl") as f:
-        for p in trained.predictions:
-            f.write(json.dumps(asdict(p)) + "\n")
+#: Each model's graded answers: (its greedy answers, its k sampled answers per question). predictions.jsonl was the
+#: only one before the paired evaluation: the trained adapter's keeps its name.
+ANSWER_FILES = {"trained": ("predictions.jsonl", "samples.jsonl"),
+                "base": ("predictions_base.jsonl", "samples_base.jsonl")}
+
+
+def write_outputs(out: Path, evaluation: dict[str, Any], results: dict[str, EvalResult],
+                  shown: list[dict[str, Any]]) -> None:
+    for model, names in ANSWER_FILES.items():
+        for name, rows in zip(names, (heldout.greedy_rows(results[model]), heldout.sample_rows(results[model]))):
+            with files.atomic_open(out / name) as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
     with files.atomic_open(out / rollouts.FILE) as f:
         f.write("".join(json.dumps(r) + "\n" for r in shown))
     # evaluation.json last: its presence means the evaluation finished.
@@ -218,7 +238,64 @@ def summary_line(evaluation: dict[str, Any]) -> str:
     return line
 
 
+def recompute(directory: str | Path) -> dict[str, Any]:
+    """evaluation.json's figures (both models' accuracies with their intervals, format errors, pass@k, maj@k, the
+    paired difference with its interval, discordant pairs and p-value) recomputed from the answer files alone
+    (:data:`ANSWER_FILES`), in evaluation.json's layout."""
+    d = Path(directory)
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        path = d / name
+        if not path.exists():
+            raise Refused(f"{path}: missing; an evaluation of before the answer files cannot be recomputed")
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    results = {}
+    for model, (greedy, sampled) in ANSWER_FILES.items():
+        try:
+            results[model] = heldout.from_rows(rows(greedy), rows(sampled))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Refused(f"{d / greedy}, {d / sampled}: not EvaluateModel's answer files ({exc})") from None
+    trained, base = results["trained"], results["base"]
+    return {"metrics": figures(trained), "n": trained.n, "failed_requests": trained.failed,
+            "base": {"metrics": figures(base), "n": base.n, "failed_requests": base.failed},
+            "improvement": improvement(trained, base)}
+
+
+def differences(recomputed: Any, recorded: Any, path: str = "") -> list[str]:
+    """Where ``recorded`` (evaluation.json) differs from ``recomputed``: each figure of ``recomputed``, by its path
+    (numbers to 1e-9, the rest exactly)."""
+    if isinstance(recomputed, dict):
+        if not isinstance(recorded, dict):
+            return [f"{path or '.'}: recorded {recorded!r}, recomputed a block"]
+        return [line for key, value in recomputed.items()
+                for line in differences(value, recorded.get(key), f"{path}.{key}" if path else key)]
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (recomputed, recorded))
+    if (numbers and math.isclose(recomputed, recorded, rel_tol=1e-9, abs_tol=1e-12)) or recomputed == recorded:
+        return []
+    return [f"{path}: recorded {recorded!r}, recomputed {recomputed!r}"]
+
+
+def _count(block: Any) -> int:
+    return sum(_count(v) for v in block.values()) if isinstance(block, dict) else 1
+
+
+def run_recompute(directory: str) -> int:
+    path = Path(directory) / "evaluation.json"
+    if not path.exists():
+        raise Refused(f"{path}: missing; --recompute needs the directory EvaluateModel wrote")
+    recomputed = recompute(directory)
+    wrong = differences(recomputed, json.loads(path.read_text(encoding="utf-8")))
+    checked = _count(recomputed)
+    for line in wrong:
+        print(f"recompute: MISMATCH {line}", flush=True)
+    print(f"recompute: {checked - len(wrong)} of {checked} figures of {path} match its answer files", flush=True)
+    return 1 if wrong else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.recompute is not None:
+        return run_recompute(args.recompute)
     model = read_model_json(args.model)
     cfg = config_from_dict(run_task(model["config"], args.task), source=f"{args.model}: model.json config")
     task = build_task(cfg.task)
@@ -238,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     shown = [row for name in MODELS for row in rollouts.rows(results[name].predictions, step if name == "trained"
                                                              else 0, name, cfg.dapo.eval_rollouts)]
     out = Path(args.output)
-    write_outputs(out, evaluation, results["trained"], shown)
+    write_outputs(out, evaluation, results, shown)
     if tracker:
         log_to_mlflow(tracker, model, evaluation, out, shown, cfg.session.prices)
     print(summary_line(evaluation), flush=True)

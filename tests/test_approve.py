@@ -118,10 +118,14 @@ def test_a_run_a_health_guard_stopped_is_rejected_naming_the_guard(registry, tmp
     sm, arn = registry
     args = write_inputs(tmp_path, arn, evaluation=evaluations.paired(trained=84, base=4, both=82, n=200,
                                                                      guard="entropy_collapse"))
-    assert approve.main([*args, "--reject"]) == 0
+    assert approve.main([*args, "--reject", "--output", str(tmp_path / "verdict")]) == 0
     properties = sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]
-    assert properties["rejection_reason"] == "stopped by guard entropy_collapse"
+    assert properties["rejection_reason"] == "stopped by the entropy_collapse guard"
     assert properties["guard"] == "entropy_collapse"
+    # The verdict in words, which AccuracyTooLow's message reads.
+    verdict = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
+    assert verdict["status"] == "Rejected"
+    assert verdict["message"].startswith("Not approved: stopped by the entropy_collapse guard (held: accuracy 0.8300 ")
 
 
 def test_the_largest_metadata_fits_the_registrys_limits():

@@ -87,6 +87,8 @@ def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_p
         [p["question"] for p in predictions[:16]]
     assert {"question", "completion", "extracted", "gold", "reward"} <= set(shown[0])
     assert [r["reward"] for r in shown[16:]] == [p["reward"] for p in predictions[:16]]
+    # Every answer of both models is written beside it: evaluation.json's figures follow from them alone.
+    assert evaluate.differences(evaluate.recompute(tmp_path / "t"), report) == []
     # What the evaluation's session billed, as the service counts it (read here through boto3), and the step's own
     # count the same: each question's prompt prefilled once per request (greedy, and k samples), for both models.
     bill = report["billing"]

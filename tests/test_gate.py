@@ -37,8 +37,8 @@ RUNS = {
     "below the threshold": (evaluations.paired(trained=30, base=5, both=0, n=120), ["accuracy"]),
     "stopped before a step": (evaluations.paired(trained=0, base=0, both=70, n=120, steps=0),
                               ["no optimizer step", "improvement"]),
-    "stopped by a guard": (evaluations.paired(trained=30, base=5, both=40, n=120, guard="repetition"),
-                           ["stopped by guard"]),
+    "stopped by a guard": (evaluations.paired(trained=30, base=5, both=40, n=120, guard="repetition_loops"),
+                           ["stopped by the repetition_loops guard"]),
 }
 BARS = {"AccuracyThreshold": 0.5, "MinImprovement": 0.0}
 
@@ -84,6 +84,24 @@ def test_min_improvement_moves_the_bar():
         assert not approve.failed_conditions(evaluation, approve.Bars(0.5, bar)) == approved
 
 
+def test_the_verdict_names_the_failed_condition_in_words_then_those_that_held():
+    """What AccuracyTooLow's message says (RecordRejection's verdict.json), e.g. for a run the entropy guard stopped:
+    not "stopped by a health guard 1 (must be 0)", and no raw float."""
+    evaluation = evaluations.paired(trained=32, base=5, both=40, n=120, guard="entropy_collapse")
+    bars = approve.Bars(0.2, 0.0)
+    low = evaluation["improvement"]["ci95_low"]
+    assert approve.verdict(evaluation, bars) == (
+        "Not approved: stopped by the entropy_collapse guard (held: accuracy 0.6000 >= AccuracyThreshold 0.2, 30 "
+        f"optimizer steps completed, improvement lower bound {low:+.4f} >= MinImprovement 0). The model package "
+        "records the figures and the rejection.")
+    worst = evaluations.paired(trained=0, base=20, both=0, n=120, steps=0, guard="truncation")
+    assert approve.verdict(worst, approve.Bars(0.5, 0.0)).startswith(  # the guard's stop first: the cause
+        "Not approved: stopped by the truncation guard; accuracy 0.0000 below AccuracyThreshold 0.5; no optimizer step "
+        "completed; improvement lower bound -0.")
+    assert approve.verdict(RUNS["better than its base"][0], approve.Bars(0.5, 0.0)).startswith(
+        "Approved: accuracy 0.5833 >= AccuracyThreshold 0.5, 30 optimizer steps completed, improvement lower bound +")
+
+
 # -- through the local runner --------------------------------------------------------------------------------------
 @pytest.fixture
 def moto_server():
@@ -108,7 +126,9 @@ def _from_the_gate_on(tmp_path: Path, url: str, evaluation: dict[str, Any]) -> t
     """The built definition from CheckAccuracy on, run by the local runner as if TrainDAPO and EvaluateModel had
     written ``evaluation`` and a model.json of a pending package (in moto: S3 and the registry)."""
     s3, sm = _client("s3", url), _client("sagemaker", url)
-    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    # The gate's bucket, and the one RecordRejection writes its verdict to (config/local.yaml's pipeline output).
+    for bucket in (BUCKET, local_build()["cfg"].output_prefix.split("/")[2]):
+        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
     group = f"gate-{tmp_path.name}"[:63]
     sm.create_model_package_group(ModelPackageGroupName=group)
     arn = sm.create_model_package(ModelPackageGroupName=group, ModelApprovalStatus="PendingManualApproval")[
@@ -149,11 +169,11 @@ def test_an_adapter_no_better_than_its_base_is_rejected_with_the_reason(tmp_path
     assert failed.value.step == "AccuracyTooLow"
     gain = evaluation["improvement"]
     accuracy = evaluation["metrics"]["accuracy"]["value"]
+    # The condition that failed, in words, then those that held; figures to 4 decimals (RecordRejection's verdict).
     assert failed.value.message == (
-        f"Not approved: accuracy {accuracy} against the AccuracyThreshold 0.2, optimizer steps completed 30 "
-        f"(at least 1 needed), improvement over the base model {gain['value']} with 95% interval [{gain['ci95_low']}, "
-        f"{gain['ci95_high']}] whose lower bound must be at least the MinImprovement 0.0, stopped by a health guard 0 "
-        "(must be 0); the model package records which condition failed.")
+        f"Not approved: improvement lower bound {gain['ci95_low']:+.4f} below MinImprovement 0 (held: accuracy "
+        f"{accuracy:.4f} >= AccuracyThreshold 0.2, 30 optimizer steps completed, no health guard stopped training). "
+        "The model package records the figures and the rejection.")
     assert [(r.name, r.status) for r in execution.records.values()][2:] == [
         ("CheckAccuracy", "Succeeded"), ("RecordRejection", "Succeeded"), ("AccuracyTooLow", "Failed")]
     entry = _client("sagemaker", moto_server).describe_model_package(ModelPackageName=arn)

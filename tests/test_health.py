@@ -94,24 +94,25 @@ def output(sampled: TrainSample, completion_logprobs):
 
 def test_k3_is_zero_when_sampler_and_trainer_agree_and_the_textbook_value_otherwise():
     s = sample([-1.0, -2.0])
-    assert sampler_kl([s], [True], [output(s, [-1.0, -2.0])]) == 0.0
+    assert sampler_kl([s], [True], [output(s, [-1.0, -2.0])]) == {"sampler_kl": 0.0}
     # log r = trainer - sampler = +0.5 and -0.5: k3 = (e^0.5 - 1 - 0.5 + e^-0.5 - 1 + 0.5) / 2
-    got = sampler_kl([s], [True], [output(s, [-0.5, -2.5])])
+    got = sampler_kl([s], [True], [output(s, [-0.5, -2.5])])["sampler_kl"]
     assert got == pytest.approx((math.exp(0.5) + math.exp(-0.5) - 2) / 2) and got > 0
 
 
 def test_k3_counts_only_trained_tokens_of_samples_the_current_weights_drew():
     fresh, stale, masked = sample([-1.0]), sample([-1.0]), sample([-1.0], weight=0.0)
     outputs = [output(fresh, [-1.2]), output(stale, [-9.0]), output(masked, [-9.0])]
-    assert sampler_kl([fresh, stale, masked], [True, False, True], outputs) == pytest.approx(
-        math.exp(-0.2) - 1 + 0.2)
-    # Nothing drawn by these weights (every group carried): no figure, rather than a false 0.
-    assert math.isnan(sampler_kl([stale], [False], [output(stale, [-9.0])]))
+    assert sampler_kl([fresh, stale, masked], [True, False, True], outputs) == {
+        "sampler_kl": pytest.approx(math.exp(-0.2) - 1 + 0.2)}
+    # Nothing drawn by these weights (every group carried): no figure, rather than a NaN or a false 0, and why.
+    assert sampler_kl([stale], [False], [output(stale, [-9.0])]) == {"sampler_kl_note": health.ONLY_OLDER}
+    assert "sampled by earlier weights" in health.ONLY_OLDER
+    assert set(sampler_kl([masked], [True], [output(masked, [-9.0])])) == {"sampler_kl_note"}
 
 
-def test_k3_is_nan_where_the_loss_returns_no_logprobs():
+def test_k3_is_left_out_with_a_reason_where_the_loss_returns_no_logprobs():
     """The real service's ForwardBackwardOutput.loss_fn_outputs documents actor/* diagnostics only."""
     s = sample([-1.0])
-    assert math.isnan(sampler_kl([s], [True], [{"actor/pg_loss": {"data": [0.1]}}]))
-    assert math.isnan(sampler_kl([s], [True], None))
-    assert math.isnan(sampler_kl([s], [True], []))
+    for outputs in ([{"actor/pg_loss": {"data": [0.1]}}], None, []):
+        assert sampler_kl([s], [True], outputs) == {"sampler_kl_note": health.NO_LOGPROBS}

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from local import report, run
 from local.pipeline_runner import LocalExecution, PipelineFailed
+from steps import evaluate
 from steps.cli import Refused
 from steps.config import config_from_dict, load_yaml
 from steps.config.parameters import PARAMETERS
@@ -180,6 +181,10 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert trained["metrics"]["accuracy"]["value"] > base["metrics"]["accuracy"]["value"]
     gain = trained["improvement"]
     assert 0 < gain["ci95_low"] < gain["value"] < gain["ci95_high"] and gain["n"] == 60
+    # Every answer of both models is in the run folder, and evaluation.json's figures follow from them alone.
+    assert len((d / "samples_base.jsonl").read_text().splitlines()) == 60 * 4
+    assert evaluate.main(["--recompute", str(d)]) == 0
+    assert re.search(r"^recompute: (\d+) of \1 figures of ", capsys.readouterr().out, re.M)
     # The summary: both accuracies with intervals, the difference with its interval, pass@k, where the rollouts are.
     m, b = trained["metrics"], base["metrics"]
     assert (f"greedy eval accuracy on 60 held-out questions: trained {m['accuracy']['value']:.3f} (95% CI "
@@ -262,8 +267,8 @@ def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     assert code == 1
     accuracy = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())["metrics"]["accuracy"]["value"]
     fail_line = next(l for l in out.splitlines() if l.startswith("[AccuracyTooLow] Failed"))
-    assert f"Not approved: accuracy {accuracy} against the AccuracyThreshold 0.99, optimizer steps completed 2" \
-        in fail_line
+    assert f"Not approved: accuracy {accuracy:.4f} below AccuracyThreshold 0.99" in fail_line
+    assert "held: 2 optimizer steps completed" in fail_line
     assert "ApproveModel" not in out and "[RecordRejection] Succeeded" in out
     assert "model package: Rejected" in out
     assert (_run_dir(tmp_path) / "evaluation_base.json").exists()
@@ -280,7 +285,7 @@ def test_a_run_the_cap_stopped_before_its_first_step_is_never_approved(tmp_path,
     assert code == 1
     assert "[CheckAccuracy] Succeeded in" in out and ": false" in out
     assert "[RecordRejection] Succeeded" in out and "ApproveModel" not in out
-    assert "optimizer steps completed 0 (at least 1 needed)" in out
+    assert "Not approved: no optimizer step completed" in out
     assert "training STOPPED EARLY after 0 optimizer steps: step 1: only" in out
     assert "model package: Rejected" in out
     evaluation = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())
@@ -420,3 +425,8 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     assert json.loads((run_dir / "run.json").read_text())["outcome"] == "succeeded"
     with pytest.raises(Refused, match="that run succeeded; there is nothing left to run"):
         _run(tmp_path, "--resume", run_id)
+
+
+def test_the_gates_announcement_lists_its_four_conditions():
+    said = run.announcements({"AccuracyThreshold": 0.2, "MinImprovement": 0.0})["CheckAccuracy"]
+    assert said == "accuracy >= 0.2, improvement's 95% lower bound >= 0.0, >= 1 optimizer step, no guard stop?"

@@ -127,3 +127,22 @@ def test_train_lines_end_with_progress_and_eta_after_every_field(tmp_path):
     assert "eta" not in metrics.read(tmp_path / "metrics.jsonl")[0]
     assert metrics.progress(3, 30, [10.0, 20.0, 30.0]) == " progress=3/30 eta=9m00s"
     assert metrics.progress(3, None, [1.0]) == ""  # no known end (a MetricsLog without total_steps): no ending
+
+
+def test_a_step_that_could_not_measure_sampler_kl_leaves_it_out_and_says_why(tmp_path):
+    """A step trained only on groups earlier weights drew (step 18 of a default local run): no NaN in the line, the
+    record or the regexes' datapoints; the reason in metrics.jsonl."""
+    lines = []
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append)
+    record = {"step": 18, "reward_mean": 0.25, "accuracy": 0.5, "loss": -0.5, "tokens": 4, "seconds": 1.0,
+              "accuracy_lenient": 0.5, "completion_tokens_mean": 2.0, "truncated_frac": 0.0, "off_policy_steps": 1,
+              "entropy": 1.0, "completion_tokens_p50": 2.0, "completion_tokens_p95": 2.0, "completion_tokens_max": 2,
+              "repetition_frac": 0.0, "format_error_rate": 0.0, "sampler_kl_note": health.ONLY_OLDER}
+    log.step(record)
+    assert "sampler_kl" not in lines[0] and "nan" not in lines[0]
+    assert " off_policy_steps=1 entropy=1.0000 completion_tokens_p50=2.0 " in lines[0]
+    [written] = metrics.read(tmp_path / "metrics.jsonl")
+    assert "sampler_kl" not in written and written["sampler_kl_note"] == health.ONLY_OLDER
+    for m in METRIC_DEFINITIONS:
+        if m.name.startswith("train:"):
+            assert (re.search(m.regex, lines[0]) is None) == (m.name == "train:sampler_kl"), m.name

@@ -317,7 +317,8 @@ def test_condition_and_branches(definition):
         {"Type": "Equals", "LeftValue": guard_stopped, "RightValue": 0},
     ]
 
-    for name, extra in (("ApproveModel", []), ("RecordRejection", ["--reject"])):
+    for name, extra in (("ApproveModel", []),
+                        ("RecordRejection", ["--reject", "--output", "/opt/ml/processing/output/verdict"])):
         app = step(definition, name)["Arguments"]["AppSpecification"]
         assert app["ContainerEntrypoint"] == ["python", "-m", "steps.approve"]
         args = app["ContainerArguments"]
@@ -331,10 +332,16 @@ def test_condition_and_branches(definition):
         assert ins["model"]["S3Uri"] == {"Get": MODEL}
         assert ins["evaluation"]["S3Uri"] == {"Get": EVALUATION}
 
-    message = join_of(step(definition, "AccuracyTooLow")["Arguments"]["ErrorMessage"])
-    for value in (accuracy, {"Get": "Parameters.AccuracyThreshold"}, steps_completed, report("improvement.value"),
-                  low, report("improvement.ci95_high"), {"Get": "Parameters.MinImprovement"}, guard_stopped):
-        assert value in message, value
+    # AccuracyTooLow's message is RecordRejection's verdict in words (steps/approve.py), read from its verdict.json.
+    rejection = step(definition, "RecordRejection")
+    assert rejection["PropertyFiles"] == [{"PropertyFileName": "RejectionVerdict", "OutputName": "verdict",
+                                           "FilePath": "verdict.json"}]
+    [out] = rejection["Arguments"]["ProcessingOutputConfig"]["Outputs"]
+    assert (out["OutputName"], out["S3Output"]["LocalPath"]) == ("verdict", "/opt/ml/processing/output/verdict")
+    assert "ProcessingOutputConfig" not in step(definition, "ApproveModel")["Arguments"]
+    assert join_of(step(definition, "AccuracyTooLow")["Arguments"]["ErrorMessage"]) == [
+        {"Std:JsonGet": {"PropertyFile": {"Get": "Steps.RecordRejection.PropertyFiles.RejectionVerdict"},
+                         "Path": "message"}}]
 
 
 OWNER_ENVIRONMENT = {"DAPO_PIPELINE_NAME": {"Get": "Execution.PipelineName"},

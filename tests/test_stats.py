@@ -121,3 +121,15 @@ def test_pass_at_k_is_chen_et_als_estimator():
 ])
 def test_majority_vote(votes, score):
     assert stats.majority_score(votes) == score
+
+
+def test_the_melded_distribution_is_one_where_every_pair_went_the_other_way():
+    """x = 0 of m = n discordant pairs: B is 0 and T is 1, so T(2B - 1) is -1 and P[T(2B - 1) <= delta] is 1 for
+    every delta in [-1, 1] (the lower bound's early return used to hide a 0 here)."""
+    for delta in (-1.0, -0.5, -1e-9, 0.0, 0.5, 1.0):
+        assert stats._p_at_most(delta, 0, 10, 10) == 1.0, delta
+    # A distribution function: never decreasing in delta, for the other edges and an inner case alike.
+    for x, m, n in ((0, 4, 10), (10, 10, 10), (3, 10, 10), (0, 0, 10), (2, 5, 12)):
+        values = [stats._p_at_most(d, x, m, n) for d in (-1.0, -0.6, -0.2, -1e-6, 0.0, 1e-6, 0.3, 0.7, 1.0)]
+        assert all(0.0 <= v <= 1.0 for v in values), (x, m, n, values)
+        assert all(b >= a - 1e-9 for a, b in zip(values, values[1:])), (x, m, n, values)

@@ -13,6 +13,7 @@ from local.toy_data import write_split
 from local.training_session.faults import Faults
 from steps import train
 from steps.config import load_config
+from steps.dapo import health
 from steps.dapo import metrics as metrics_io
 from steps.dapo import state as ckpt_io
 from steps.dapo.batch import build_datums
@@ -101,7 +102,11 @@ def test_loop_learns_the_toy_task(learned_toy, local_service):
     assert cfg.dapo.guards and not any(l.startswith("stopped:") for l in out.splitlines())
     assert model["guard"] == "" and model["guard_stopped"] is False
     assert all(r["entropy"] > 10 * cfg.dapo.guard_min_entropy and r["repetition_frac"] == 0 for r in steps)
-    assert all(0 <= r["sampler_kl"] < 1e-6 for r in steps)
+    # Measured on every step that trained on samples its own weights drew (never NaN); a step filled only by the
+    # previous step's surplus leaves the figure out and says why.
+    assert all(0 <= r["sampler_kl"] < 1e-6 if "sampler_kl" in r else r["sampler_kl_note"] == health.ONLY_OLDER
+               for r in steps)
+    assert sum("sampler_kl" in r for r in steps) >= len(steps) - 3
     assert all(r["completion_tokens_p50"] <= r["completion_tokens_p95"] <= r["completion_tokens_max"]
                <= cfg.dapo.max_tokens for r in steps)
     assert mean(last, "format_error_rate") < mean(first, "format_error_rate") / 3

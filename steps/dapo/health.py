@@ -5,14 +5,24 @@ the guards (steps/dapo/guards.py) watch them:
 
 - ``entropy``: the mean negative log-probability of the sampled tokens under the distribution they were
   sampled from (the sampler's logprobs), nats per token: a Monte Carlo estimate of the policy's per-token
-  entropy. Near 0, the policy writes the same thing every time (entropy collapse).
+  entropy. Near 0, the policy writes the same thing every time (entropy collapse). It is a mean per token, not
+  a sum, yet it is not bounded by ln(vocabulary size) as the entropy itself is (ln 201 = 5.30 for the toy): it
+  estimates the entropy only for tokens drawn from the distribution whose logprobs come back. Tokens written
+  by something else score their own -log p, however improbable: the local service's ``loop_rate`` knob
+  (local/training_session/sickness.py) splices in a repeated n-gram the toy would never sample and returns
+  the toy's logprobs of it, so a looping toy reads ~9 nats per token (a cross-entropy). A real model that
+  loops samples its loop itself, with high probability, and its estimate falls instead; either way
+  ``repetition_frac`` is what the ``repetition_loops`` guard reads.
 - ``sampler_kl``: the mismatch between the sampler's and the trainer's logprobs of the same tokens under the
   same weights: k3 (Schulman's ``(r - 1) - log r`` with ``r = p_trainer / p_sampler``), an unbiased estimate
   of KL(sampler || trainer) per trained token. Large, and the PPO ratio measures the engines' disagreement
   rather than the update. It needs per-token logprobs in the loss's outputs (``lossFnOutputs[i].logprobs``):
   the local service returns them for every loss, as tinker does; the real service's
-  ``ForwardBackwardOutput.loss_fn_outputs`` documents only ``actor/*`` diagnostics, so there it is NaN
-  (printed ``nan``, which the metric regexes skip) unless the loss returns ``logprobs``, never a made-up 0.
+  ``ForwardBackwardOutput.loss_fn_outputs`` documents only ``actor/*`` diagnostics. Where it cannot be measured
+  (no such logprobs; or a step that trained only on groups earlier weights drew, e.g. one filled by the
+  previous step's surplus, whose logprobs differ from the trainer's by a step of training too) it is left
+  out: no ``sampler_kl`` in the train line or the record, and ``sampler_kl_note`` in metrics.jsonl saying
+  why. Never a NaN, never a made-up 0.
 - ``completion_tokens_p50``/``_p95``/``_max``: completion lengths (numpy's linear-interpolated percentiles);
   the share cut off at ``max_tokens`` is ``truncated_frac`` (steps/dapo/metrics.py).
 - ``repetition_frac``: the share of completions ending in a repeated n-gram loop (:func:`ends_in_loop`).
@@ -97,30 +107,38 @@ def _tensor(value: Any) -> list[float] | None:
     return list(value) if isinstance(value, (list, tuple)) else None
 
 
+NO_LOGPROBS = "the loss's outputs carry no per-token logprobs (this service returns none for this loss)"
+ONLY_OLDER = ("every group this step trained on was sampled by earlier weights (an earlier step's surplus or spare "
+              "generation batches), whose logprobs differ from the trainer's by the training since, not only by "
+              "the engines")
+
+
 def sampler_kl(samples: Sequence[TrainSample], on_policy: Sequence[bool],
-               loss_fn_outputs: Sequence[Mapping[str, Any]] | None) -> float:
-    """k3 estimate of KL(sampler || trainer) per trained token (see the module docstring).
+               loss_fn_outputs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """``{"sampler_kl": k3}``, the estimate of KL(sampler || trainer) per trained token (see the module docstring),
+    or, where it cannot be measured, ``{"sampler_kl_note": why}``.
 
     ``samples`` are the update's datums in order (``build_datums`` keeps it), ``on_policy[i]`` whether sample
     i was drawn by the weights the update starts from: only those count (a carried group's logprobs differ
     from the trainer's by a step of training too, not only by the engines). Completion tokens with weight > 0
-    only: those the loss trains on. NaN where the outputs carry no per-token ``logprobs`` or no sample counts.
+    only: those the loss trains on.
     """
     if not loss_fn_outputs or len(loss_fn_outputs) != len(samples):
-        return math.nan
+        return {"sampler_kl_note": NO_LOGPROBS}
     sampled: list[float] = []
     trained: list[float] = []
     for sample, fresh, output in zip(samples, on_policy, loss_fn_outputs):
         logprobs = _tensor(output.get("logprobs")) if isinstance(output, Mapping) else None
         if logprobs is None:
-            return math.nan  # this loss (or this service) does not return them
+            return {"sampler_kl_note": NO_LOGPROBS}
         n = len(sample.completion)
         if not fresh or sample.weight <= 0 or n == 0 or len(logprobs) < n:
             continue
         sampled.extend(sample.sampling_logprobs)
         trained.extend(logprobs[-n:])  # the datum's last n positions predict the completion's tokens
     if not sampled:
-        return math.nan
+        return {"sampler_kl_note": ONLY_OLDER if not any(on_policy) else
+                "no completion token of the samples the step's own weights drew has a weight in the loss"}
     log_ratio = np.asarray(trained, dtype=np.float64) - np.asarray(sampled, dtype=np.float64)
     with np.errstate(over="ignore"):
-        return float(np.mean(np.expm1(log_ratio) - log_ratio))
+        return {"sampler_kl": float(np.mean(np.expm1(log_ratio) - log_ratio))}

@@ -14,7 +14,7 @@ the service before any result is awaited: :func:`launch` submits, :meth:`Pending
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from sagemaker.train.training_session import SamplingParams
@@ -49,6 +49,18 @@ class Sampled:
     correct: tuple[int, ...]  # strictly right answers among each question's k
     majority: tuple[float, ...]  # each question's maj@k score (stats.majority_score)
     failed: int  # questions whose request failed after retries: none of their answers right, no vote
+    # Each question's k answers, graded (a failed request: k failed, wrong answers), so the figures above can be
+    # recomputed from the files EvaluateModel writes (samples.jsonl); empty where only the counts were made.
+    answers: tuple[tuple[Prediction, ...], ...] = ()
+
+    @classmethod
+    def of(cls, k: int, temperature: float, answers: Sequence[Sequence[Prediction]]) -> "Sampled":
+        """The counts from each question's graded answers. Only answers committed in the instructed form vote
+        (the strict reading, as accuracy is strict): an unformatted or missing answer abstains."""
+        return cls(k, temperature, tuple(sum(a.correct for a in group) for group in answers),
+                   tuple(stats.majority_score((a.extracted if a.formatted else None, a.correct) for a in group)
+                         for group in answers),
+                   sum(all(a.failed for a in group) for group in answers), tuple(tuple(g) for g in answers))
 
     def _mean(self, values: Sequence[float]) -> float:
         return sum(values) / len(values) if values else 0.0
@@ -86,17 +98,22 @@ class PendingEval:
     sampled: tuple[GroupSampler, GenerationBatch] | None
 
     def result(self) -> EvalResult:
-        predictions = _predictions(*self.greedy, self.examples)
-        n = len(predictions)
-        return EvalResult(
-            accuracy=sum(p.correct for p in predictions) / n if n else 0.0,
-            accuracy_lenient=sum(p.correct_lenient for p in predictions) / n if n else 0.0,
-            format_error_rate=sum(not p.formatted for p in predictions) / n if n else 0.0,
-            n=n,
-            failed=sum(p.failed for p in predictions),
-            predictions=tuple(predictions),
-            sampled=None if self.sampled is None else _sampled(*self.sampled),
-        )
+        return graded(_predictions(*self.greedy, self.examples),
+                      None if self.sampled is None else _sampled(*self.sampled, self.examples))
+
+
+def graded(predictions: Sequence[Prediction], sampled: Sampled | None = None) -> EvalResult:
+    """An evaluation's figures from its graded greedy answers (and its sampled ones)."""
+    n = len(predictions)
+    return EvalResult(
+        accuracy=sum(p.correct for p in predictions) / n if n else 0.0,
+        accuracy_lenient=sum(p.correct_lenient for p in predictions) / n if n else 0.0,
+        format_error_rate=sum(not p.formatted for p in predictions) / n if n else 0.0,
+        n=n,
+        failed=sum(p.failed for p in predictions),
+        predictions=tuple(predictions),
+        sampled=sampled,
+    )
 
 
 def launch(client: Any, task: Task[Any], tokenizer: Any, examples: Sequence[Example], max_tokens: int,
@@ -134,30 +151,64 @@ def evaluate_greedy(client: Any, task: Task[Any], tokenizer: Any, examples: Sequ
                   shaping=shaping, meter=meter).result()
 
 
-def _predictions(sampler: GroupSampler, batch: GenerationBatch, examples: Sequence[Example]) -> list[Prediction]:
-    predictions = []
+def _answers(sampler: GroupSampler, batch: GenerationBatch, examples: Sequence[Example]) -> list[list[Prediction]]:
+    """Each example's graded answers (``group_size`` of them); a failed request's: that many failed, wrong ones."""
+    answers = []
     for i, (ex, group) in enumerate(zip(examples, batch.result())):
         if group is None:
-            predictions.append(Prediction(ex.question, ex.gold, None, False, False, False, "", "", True))
+            answers.append([Prediction(ex.question, ex.gold, None, False, False, False, "", "", True)]
+                           * sampler.group_size)
             continue
-        answer = group.rollouts[0]
-        predictions.append(Prediction(ex.question, ex.gold, answer.grade.extracted, answer.grade.correct,
-                                      answer.grade.correct_lenient, answer.grade.formatted,
-                                      sampler.text(i, answer.tokens), answer.stop_reason, False, answer.reward))
-    return predictions
+        answers.append([Prediction(ex.question, ex.gold, r.grade.extracted, r.grade.correct, r.grade.correct_lenient,
+                                   r.grade.formatted, sampler.text(i, r.tokens), r.stop_reason, False, r.reward)
+                        for r in group.rollouts])
+    return answers
 
 
-def _sampled(sampler: GroupSampler, batch: GenerationBatch) -> Sampled:
-    """pass@k's and maj@k's counts. Only answers committed in the instructed form vote (the strict
-    reading, as accuracy is strict): an unformatted or missing answer abstains."""
-    correct, majority, failed = [], [], 0
-    for group in batch.result():
-        if group is None:
-            correct.append(0)
-            majority.append(0.0)
-            failed += 1
-            continue
-        grades = [r.grade for r in group.rollouts]
-        correct.append(sum(g.correct for g in grades))
-        majority.append(stats.majority_score((g.extracted if g.formatted else None, g.correct) for g in grades))
-    return Sampled(sampler.group_size, sampler.params.temperature, tuple(correct), tuple(majority), failed)
+def _predictions(sampler: GroupSampler, batch: GenerationBatch, examples: Sequence[Example]) -> list[Prediction]:
+    return [group[0] for group in _answers(sampler, batch, examples)]
+
+
+def _sampled(sampler: GroupSampler, batch: GenerationBatch, examples: Sequence[Example]) -> Sampled:
+    """pass@k's and maj@k's counts, and the answers they count."""
+    return Sampled.of(sampler.group_size, sampler.params.temperature, _answers(sampler, batch, examples))
+
+
+# -- the answers as files: every figure of an evaluation can be recomputed from them ---------------------------------
+def greedy_rows(result: EvalResult) -> list[dict[str, Any]]:
+    """One row per question, in the evaluated order: ``index`` (the question's position among the evaluated
+    ones, the same for both models), then the graded answer's fields (:class:`Prediction`)."""
+    return [{"index": i, **asdict(p)} for i, p in enumerate(result.predictions)]
+
+
+def sample_rows(result: EvalResult) -> list[dict[str, Any]]:
+    """One row per sampled answer (``k`` per question): ``index``, ``sample`` (0..k-1), ``temperature``, then the
+    graded answer's fields. Empty without samples (k = 0)."""
+    sampled = result.sampled
+    if sampled is None:
+        return []
+    return [{"index": i, "sample": j, "temperature": sampled.temperature, **asdict(a)}
+            for i, group in enumerate(sampled.answers) for j, a in enumerate(group)]
+
+
+def from_rows(greedy: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]]) -> EvalResult:
+    """The evaluation those rows record (:func:`greedy_rows`, :func:`sample_rows`): its figures recomputed from
+    the graded answers alone. Rows are put in order by ``index`` (and ``sample``); a gap is an error."""
+    names = [f.name for f in fields(Prediction)]
+
+    def answer(row: Mapping[str, Any]) -> Prediction:
+        return Prediction(**{name: row[name] for name in names if name in row})
+
+    ordered = sorted(greedy, key=lambda r: r["index"])
+    if [r["index"] for r in ordered] != list(range(len(ordered))):
+        raise ValueError("the greedy answers' index is not 0..n-1 without gaps")
+    if not samples:
+        return graded([answer(r) for r in ordered])
+    groups: dict[int, list[Mapping[str, Any]]] = {}
+    for row in sorted(samples, key=lambda r: (r["index"], r["sample"])):
+        groups.setdefault(row["index"], []).append(row)
+    k = len(groups.get(0, ()))
+    if sorted(groups) != list(range(len(ordered))) or any(len(g) != k for g in groups.values()):
+        raise ValueError(f"the sampled answers are not k={k} per question for each of the {len(ordered)} questions")
+    answers = [[answer(r) for r in groups[i]] for i in range(len(ordered))]
+    return graded([answer(r) for r in ordered], Sampled.of(k, float(samples[0]["temperature"]), answers))

@@ -51,12 +51,16 @@ def adam_params(cfg: DapoConfig) -> AdamParams:
                       eps=cfg.adam_eps, weight_decay=cfg.weight_decay, grad_clip_norm=cfg.grad_clip_norm)
 
 
-def cap_reason(step: int, batch: StepBatch, cfg: DapoConfig) -> str:
+def cap_facts(batch: StepBatch, cfg: DapoConfig) -> str:
+    """What the generation-batch cap saw, for its stop reason (and a guard's, when one explains it)."""
     filtered = batch.filtered / len(batch.sampled) if batch.sampled else 0.0
+    return (f"only {len(batch.kept)} of {cfg.batch_size} groups had mixed rewards after "
+            f"max_num_gen_batches={cfg.max_num_gen_batches} generation batches (filtered fraction {filtered:.2f})")
+
+
+def cap_reason(step: int, batch: StepBatch, cfg: DapoConfig) -> str:
     return (
-        f"step {step + 1}: only {len(batch.kept)} of {cfg.batch_size} groups had mixed rewards after "
-        f"max_num_gen_batches={cfg.max_num_gen_batches} generation batches "
-        f"(filtered fraction {filtered:.2f}). Training stops here with the model of step {step}. "
+        f"step {step + 1}: {cap_facts(batch, cfg)}. Training stops here with the model of step {step}. "
         "The prompts are too easy or too hard for the current model: raise max_num_gen_batches, "
         "raise group_size, or use a dataset of more suitable difficulty."
     )
@@ -132,11 +136,12 @@ class Trainer:
             self.on_batch(update, batch)
         # health: the guards judge the sampled completions before they are trained on
         health = health_figures(step_rollouts(batch))
-        filled, trip = self._watch(filled, health, update)
+        # A step the cap stops is a guard's stop when a guard's condition holds on it (steps/dapo/guards.py).
+        filled, trip = self._watch(filled, health, update, cap_facts(batch, cfg) if batch.hit_cap else None)
         if trip:
             return self._stop(filled, {**record, **health}, sampler, trip.reason, trip.guard), sampler
         if batch.hit_cap:
-            return self._stop(filled, record, sampler, cap_reason(state.step, batch, cfg)), sampler
+            return self._stop(filled, {**record, **health}, sampler, cap_reason(state.step, batch, cfg)), sampler
         # advantages -> datums
         samples = train_samples(batch.kept, cfg.advantage_std_scaling, cfg.overlong_filtering)
         datums = build_datums(samples, cfg.loss_aggregation)
@@ -150,7 +155,7 @@ class Trainer:
         new_sampler = self._sampler(update, weights)
         trained = replace(after, sampler_model_package_arn=new_sampler.client.model_package_arn)
         # The sampler-trainer mismatch, on the samples the weights this update starts from drew.
-        health["sampler_kl"] = sampler_kl(samples, drawn_by(batch.kept, state.step), fb_out.loss_fn_outputs)
+        health.update(sampler_kl(samples, drawn_by(batch.kept, state.step), fb_out.loss_fn_outputs))
         with schedule.untimed():
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
                                                          dropped), **health, **self.meter.figures(),
@@ -224,12 +229,14 @@ class Trainer:
             self._latest = latest
         return latest
 
-    def _watch(self, filled: Filled, health: dict[str, Any], update: int) -> tuple[Filled, guards.Trip | None]:
-        """The guards' verdict on a step's sampled completions, their counts carried in the state. A step
-        filled entirely by carried groups sampled nothing new: no evidence either way, the counts stay."""
+    def _watch(self, filled: Filled, health: dict[str, Any], update: int,
+               capped: str | None = None) -> tuple[Filled, guards.Trip | None]:
+        """The guards' verdict on a step's sampled completions, their counts carried in the state (``capped``: what
+        the generation-batch cap saw, if it stopped the step). A step filled entirely by carried groups sampled
+        nothing new: no evidence either way, the counts stay."""
         if not filled.batch.sampled:
             return filled, None
-        memory, trip = guards.observe(filled.state.guard_state, health, self.limits, update)
+        memory, trip = guards.observe(filled.state.guard_state, health, self.limits, update, capped)
         return replace(filled, state=replace(filled.state, guard_state=memory)), trip
 
     def _stop(self, filled: Filled, record: dict[str, Any], sampler: SamplerAt, reason: str,

@@ -23,12 +23,15 @@ from steps.platform.billing import line as billing_line
 SAMPLING_FIELDS = ("step", "gen_batches", "groups_sampled", "filtered_frac", "kept_groups", "empty_rollouts")
 # accuracy: strict (only an answer committed in the instructed form counts: #### N or \boxed{N} for GSM8K);
 # accuracy_lenient also takes one found otherwise, e.g. "the answer is N" (the task's grader: steps/dapo/task.py).
-# Then the health figures (steps/dapo/health.py): entropy estimate, sampler-trainer mismatch (k3 KL; nan where the
-# loss returns no logprobs), completion length percentiles, the share ending in a repetition loop, format errors.
+# Then the health figures (steps/dapo/health.py): entropy estimate, sampler-trainer mismatch (k3 KL), completion length
+# percentiles, the share ending in a repetition loop, format errors.
 TRAIN_FIELDS = ("step", "reward_mean", "accuracy", "loss", "tokens", "seconds", "accuracy_lenient",
                 "completion_tokens_mean", "truncated_frac", "off_policy_steps",
                 "entropy", "sampler_kl", "completion_tokens_p50", "completion_tokens_p95", "completion_tokens_max",
                 "repetition_frac", "format_error_rate")
+#: Figures not every step can measure: left out of the line (and the record) where not measured, with a
+#: ``<name>_note`` in the record saying why (health.sampler_kl), so no regex or curve gets a NaN or a made-up 0.
+MEASURED_WHERE_POSSIBLE = frozenset({"sampler_kl"})
 EVAL_FIELDS = ("step", "accuracy")
 # Appended to the train line after TRAIN_FIELDS: the billable tokens the run has sent and received so far (the
 # client count, steps/platform/billing.py; sampling ahead, the next step's sampling is in it), and with
@@ -132,7 +135,8 @@ class MetricsLog:
 
     def step(self, record: dict[str, Any]) -> None:
         self._step_seconds.append(float(record["seconds"]))
-        fields = TRAIN_FIELDS + tuple(k for k in TOKEN_FIELDS if k in record)
+        fields = tuple(k for k in TRAIN_FIELDS if k in record or k not in MEASURED_WHERE_POSSIBLE) + tuple(
+            k for k in TOKEN_FIELDS if k in record)
         self.print_fn(line("train", record, fields) + progress(record["step"], self.total_steps, self._step_seconds))
         self._write("step", record)
 

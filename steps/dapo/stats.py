@@ -75,8 +75,8 @@ def _lower(x: int, m: int, n: int, q: float) -> float:
     """The lower bound of the difference from x of m discordant pairs among n (exact2x2's ``lower``)."""
     if m == 0:
         return -float(special.betaincinv(1, n, 1 - q))  # -qbeta(1 - q, 1, n)
-    if m == n and x == 0:
-        return -1.0
+    if m == n and x == 0:  # every pair went the other way: P[T(2B - 1) <= delta] is 1 on all of [-1, 1], so
+        return -1.0  # the bound is -1 (brentq would find no sign change there)
     return float(optimize.brentq(lambda delta: _p_at_most(delta, x, m, n) - q, -1.0, 1.0, xtol=1e-12))
 
 
@@ -90,8 +90,10 @@ def _p_at_most(delta: float, x: int, m: int, n: int) -> float:
         if m == 0 or x == 0:
             return 1.0
         return _melded(delta, x, m, (m, n - m + 1))
-    if m == n:  # T is 1
-        return float(special.betainc(x, m - x + 1, 0.5 + delta / 2)) if x else 0.0
+    if m == n:  # T is 1: P[B <= 1/2 + delta/2]
+        if x == 0:  # B is 0 (Beta(0, .) is a point mass there): T(2B - 1) is -1, at most any delta >= -1
+            return 1.0 if delta >= -1 else 0.0
+        return float(special.betainc(x, m - x + 1, 0.5 + delta / 2))
     if x == 0:  # B is 0: P[-T <= delta] = P[T >= -delta]
         return float(special.betaincc(m + 1, n - m, -delta))
     return _melded(delta, x, m, (m + 1, n - m))
