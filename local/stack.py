@@ -1,12 +1,12 @@
 """The embedded stand-ins for AWS: moto in server mode and the local training-session service.
 
-Both listen on 127.0.0.1 only and are stopped when the `with` block ends,
-however it ends (error, Ctrl-C), and after everything in it: the steps it ran have
-stopped their training sessions by then. So a terminal's Ctrl-C, sent to the runner's
-whole process group, must not reach the service first: it runs in a session (and process
-group) of its own, and stops when the runner tells it to or when the runner dies (its stdin
-is a pipe from the runner; a SIGKILL of the runner closes it). moto is a thread of the
-runner: a signal reaches only the runner's main thread. The service writes its own log to ``log_path`` and,
+Both listen on 127.0.0.1 only and are stopped when the `with` block ends, however it ends
+(error, Ctrl-C), and after everything in it: the steps it ran have stopped their training
+sessions by then. So a terminal's Ctrl-C, sent to the runner's whole process group, must not
+reach the service first: it runs in a session (and process group) of its own, and stops when
+the runner tells it to or when the runner dies (its stdin is a pipe from the runner, which a
+SIGKILL of the runner closes). moto is a thread of the runner, and a signal reaches only the
+runner's main thread. The service writes its own log to ``log_path`` and,
 with ``state_dir``, keeps its model packages there: a later stack on the same
 directory serves them again (what a resumed local run's checkpoint refers to).
 """

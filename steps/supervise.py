@@ -112,7 +112,7 @@ def kill_group(pgid: int) -> None:
     """SIGKILL to the process group the step leads; nothing if it is empty."""
     try:
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # nothing left in it
+    except (ProcessLookupError, PermissionError):  # nothing left in it (nothing this process may signal)
         pass
 
 
@@ -121,8 +121,9 @@ def die_with_parent(parent: int) -> Callable[[], None] | None:
 
     Without it, a step, in a process group of its own, outlived a SIGKILL of its supervisor's group by 14-20 s,
     until its calls to the vanished service failed. The child itself is killed, not asked to stop: its
-    supervisor, who would stop its sessions, is gone, and so is a local run's service. ``libc.prctl`` is looked up
-    here, before the fork, so the child only calls it."""
+    supervisor, who would stop its sessions, is gone, and so is a local run's service. The signal follows the thread
+    that forked the child, here the main thread, which lives as long as the supervisor. ``libc.prctl`` is looked
+    up here, before the fork, so the child only calls it."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
