@@ -4,7 +4,7 @@ summary can say so), and no process of the run is left.
 
 A terminal's Ctrl-C reaches every process of the foreground group: the runner, its step's supervisor (which
 forwards it to the step, in a group of its own) and, before, the local service, which then exited first. Each run
-costs some 15 s of CPU, so rather than many runs at random points, one per phase: here, while TrainDAPO starts and
+costs 10-20 s of CPU, so rather than many runs at random points, one per phase: here, while TrainDAPO starts and
 while it saves a checkpoint and evaluates; mid-step, tests/test_local_run.py's Ctrl-C test (which resumes after it).
 The exact moment within each phase still varies with the machine's timing.
 """
@@ -23,7 +23,9 @@ from local.stack import ROOT
 
 #: Where the Ctrl-C lands: the console line of TrainDAPO after which it is pressed. With save_every and eval_every 2.
 POINTS = {
-    "starting": "[TrainDAPO] started",  # the step's processes starting; its session not created yet, or being
+    # The runner starting TrainDAPO: downloading its channels, starting its supervisor (a Ctrl-C inside Popen is
+    # held until the process is in hand), or the step importing; which of them depends on the machine's timing.
+    "starting": "[TrainDAPO] started",
     "checkpoint": "[TrainDAPO] train: step=2 ",  # step 2's checkpoint being saved, the in-training evaluation
 }
 
