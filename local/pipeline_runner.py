@@ -37,12 +37,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pipeline.expressions import (
     Environment,
@@ -54,9 +57,13 @@ from pipeline.expressions import (
     walk,
 )
 from steps.platform.ownership import ENV_LOCAL_JOBS, ENV_PROCESSING_JOB, LocalJobs
+from steps.supervise import GRACE_SECONDS
 
 # What the step image runs for `docker run IMAGE train` (containers/entrypoint.sh): the step under its supervisor.
 IMAGE_COMMANDS = {"train": [sys.executable, "-m", "steps.supervise", "--", sys.executable, "-m", "steps.train"]}
+#: Seconds an interrupted step has to exit after SIGTERM before it is killed: longer than its supervisor's grace
+#: (steps/supervise.py), which kills a hung step and then stops its training sessions itself.
+STOP_GRACE_SECONDS = GRACE_SECONDS + 25
 
 
 class PipelineFailed(RuntimeError):
@@ -188,16 +195,18 @@ class LocalExecution:
     def _exec(self, rec: StepRecord, cmd: list[str], env: dict[str, str]) -> None:
         log_path = self.log_dir / f"{rec.name}.log" if self.log_dir else Path(os.devnull)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**self.env, **env}, cwd=str(Path(__file__).resolve().parents[1]))
+        proc: subprocess.Popen[str] | None = None
         tail: list[str] = []
         error: list[str] = []  # the step's `error:` line and the lines continuing it (indented, "- " items)
         ended = False  # a line after the error message that does not continue it
-        assert proc.stdout is not None
         with open(log_path, "a", encoding="utf-8") as log:
             shown = " ".join(cmd).replace("\n", "\\n")
             log.write(f"== {rec.name} of {self.execution_id}: {shown}\n")
             try:
+                with _sigint_deferred():  # a Ctrl-C while it starts is raised once `proc` is set: the finally stops it
+                    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            env={**self.env, **env}, cwd=str(Path(__file__).resolve().parents[1]))
+                assert proc.stdout is not None
                 for line in proc.stdout:
                     log.write(line)
                     log.flush()
@@ -212,14 +221,9 @@ class LocalExecution:
                     self.on_line(rec.name, line)
                 code = proc.wait()
             finally:
-                if proc.poll() is None:  # interrupted: stop the step (SIGTERM lets it stop its session)
-                    proc.terminate()
-                    try:  # what it says on its way out goes to its log (and reading keeps its pipe from filling)
-                        log.write(proc.communicate(timeout=30)[0])
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-                log.write(f"== exit code {proc.returncode}\n")
+                if proc is not None and proc.poll() is None:  # interrupted: SIGTERM, and the step stops its session
+                    _stop_step(proc, log)
+                log.write(f"== exit code {proc.returncode if proc else 'none: not started'}\n")
         if code != 0:
             # The step's own `error:` message (steps/cli.py prints one), not what its interpreter printed on
             # the way out; else the last lines it printed.
@@ -342,6 +346,40 @@ class LocalExecution:
                     tar.add(path, arcname=path.relative_to(local).as_posix())
         bucket, key = _split(uri)
         self.s3.upload_file(str(tar_path), bucket, key)
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """SIGINT (Ctrl-C) that arrives inside the block is handled as the block ends. A KeyboardInterrupt raised inside
+    subprocess.Popen leaves its process started with nobody holding it: a step's supervisor that nobody stops."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):  # the run's handler (local/run.py), or Python's KeyboardInterrupt
+            previous(signal.SIGINT, None)
+        elif caught and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _stop_step(proc: subprocess.Popen, log: Any) -> None:
+    """SIGTERM, :data:`STOP_GRACE_SECONDS`, then SIGKILL (at once if the wait is interrupted): the step's process
+    never outlives its run. What it says on its way out goes to its log, and reading keeps its pipe from filling.
+    A supervised step's own process dies with its supervisor (steps/supervise.py)."""
+    try:
+        proc.terminate()
+        log.write(proc.communicate(timeout=STOP_GRACE_SECONDS)[0])
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _property_file_steps(step: dict[str, Any]) -> set[str]:

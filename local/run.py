@@ -21,6 +21,7 @@ import json
 import logging
 import secrets
 import shutil
+import signal
 import sys
 import textwrap
 import time
@@ -343,6 +344,7 @@ class Ended:
 
     failure: Any = None  # PipelineFailed
     interrupted: bool = False
+    stopping: bool = False  # the steps are over or being stopped: a Ctrl-C no longer interrupts anything
     records: dict[str, Any] = field(default_factory=dict)
     sessions: list[dict[str, Any]] | None = None
     package: dict[str, Any] | None = None
@@ -351,6 +353,33 @@ class Ended:
     @property
     def outcome(self) -> str:
         return "interrupted" if self.interrupted else "failed" if self.failure else "succeeded"
+
+
+@dataclass
+class CtrlC:
+    """The run's SIGINT handler. The first Ctrl-C raises KeyboardInterrupt: a running step is stopped (its
+    supervisor forwards the terminal's SIGINT to it, the runner sends SIGTERM, and the step stops its training
+    session). Once the steps are over or being stopped (``ended.stopping``), a Ctrl-C is said, not raised: the
+    steps stop whole, the service stops after them, and the summary, the sessions' statuses in it, is printed.
+    Each of those waits is bounded (local/pipeline_runner.py's STOP_GRACE_SECONDS, the service's grace)."""
+
+    ended: Ended
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.ended.stopping:
+            self.ended.stopping = True
+            raise KeyboardInterrupt
+        print("local-run: already stopping (the steps first, then the service); the summary follows",
+              file=sys.stderr, flush=True)
+
+
+@contextmanager
+def ctrl_c(ended: Ended) -> Iterator[None]:
+    previous = signal.signal(signal.SIGINT, CtrlC(ended))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -386,6 +415,12 @@ def _definition(plan: Plan, run_dir: Path, args: argparse.Namespace) -> dict[str
 
 
 def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
+    ended = Ended()
+    with ctrl_c(ended):
+        return _run(plan, run_dir, args, ended)
+
+
+def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> int:
     from local import report
     from pipeline import budget
     from pipeline.config import load
@@ -405,12 +440,11 @@ def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
     tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), cfg.experiment_name),
                     tracking.ENV_EXPERIMENT: cfg.experiment_name}
-    ended = Ended()
     if plan.run_id:  # its MLflow run, KILLED or FAILED when the run was interrupted, is running again
         _after(ended, "the MLflow run", lambda: report.reopen_mlflow_run(run_dir / "work"))
     try:
         execute(plan, run_dir, args, definition, cfg.name, tracking_env, ended)
-    except KeyboardInterrupt:  # while starting or stopping the stack
+    except KeyboardInterrupt:  # while starting the stack
         ended.interrupted = True
     except Exception as exc:  # noqa: BLE001 - a bug or the machine: said in the summary, the traceback in the log
         from local.pipeline_runner import PipelineFailed
@@ -469,6 +503,8 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
             ended.failure = exc
         except KeyboardInterrupt:  # the step was stopped (SIGTERM: it stopped its session); collect what is left
             ended.interrupted = True
+        finally:
+            ended.stopping = True  # from here on a Ctrl-C cuts nothing short
         _after(ended, "the reports", lambda: report.collect(workdir, run_dir, title=report.title(run_dir.name,
                                                                                                plan.params)))
         dead = stack.service_exit()

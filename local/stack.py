@@ -1,7 +1,12 @@
 """The embedded stand-ins for AWS: moto in server mode and the local training-session service.
 
-Both listen on 127.0.0.1 only and are stopped when the `with` block ends,
-however it ends (error, Ctrl-C). The service writes its own log to ``log_path`` and,
+Both listen on 127.0.0.1 only and are stopped when the `with` block ends, however it ends
+(error, Ctrl-C), and after everything in it: the steps it ran have stopped their training
+sessions by then. So a terminal's Ctrl-C, sent to the runner's whole process group, must not
+reach the service first: it runs in a session (and process group) of its own, and stops when
+the runner tells it to or when the runner dies (its stdin is a pipe from the runner, which a
+SIGKILL of the runner closes). moto is a thread of the runner, and a signal reaches only the
+runner's main thread. The service writes its own log to ``log_path`` and,
 with ``state_dir``, keeps its model packages there: a later stack on the same
 directory serves them again (what a resumed local run's checkpoint refers to).
 """
@@ -21,17 +26,43 @@ REGION = "us-west-2"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Seconds the service has to stop on SIGTERM before it is killed.
+SERVICE_GRACE_SECONDS = 10
+
+
 def _start_service(extra_args: list[str], log: Any) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0", *extra_args],
-        stdout=subprocess.PIPE, stderr=log, text=True, cwd=str(ROOT),
+        [sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0",
+         "--stop-when-stdin-closes", *extra_args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=str(ROOT),
+        start_new_session=True,  # a terminal's Ctrl-C to the runner's group does not reach it
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()  # blocks until the service is ready (or died)
+    try:
+        line = proc.stdout.readline()  # blocks until the service is ready (or died)
+    except BaseException:  # Ctrl-C while it starts
+        stop_process(proc, 0)
+        raise
     if not line.startswith("listening on "):
-        proc.kill()
+        stop_process(proc, 0)
         raise RuntimeError(f"local training-session service did not start: {line!r} (see {log.name})")
     return proc, line.split("listening on ", 1)[1].strip()
+
+
+def stop_process(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM (and the end of its stdin), then SIGKILL after ``grace`` seconds, or at once if the wait is
+    interrupted: the process never outlives the call."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.terminate()
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass
@@ -62,12 +93,7 @@ class LocalStack:
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            self._service.terminate()
-            try:
-                self._service.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._service.kill()
-                self._service.wait()
+            stop_process(self._service, SERVICE_GRACE_SECONDS)
         finally:
             self._moto.stop()
             self._log.close()

@@ -8,6 +8,7 @@ Exit codes (SageMaker shows the code and the log's last lines as the failure rea
     1    failure: anything else (a bug, the machine, the service); the message says
          what running the step again does
     143  SIGTERM: SageMaker stopped the job (128 + 15)
+    130  SIGINT: Ctrl-C (128 + 2); stopped as on SIGTERM
 """
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from typing import Any, Callable, Iterable
 from steps.platform.versions import require_training_session_sdk
 
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED, EXIT_TERMINATED = 0, 1, 2, 143
+#: The signals that stop a step: SageMaker's SIGTERM, and a terminal's Ctrl-C. Both unwind the same way, and
+#: whichever comes second finds the first unwinding: a Ctrl-C reaches a local run's step as SIGINT and, a moment
+#: later, the runner's SIGTERM; that SIGTERM used to cut short the stop of the session the SIGINT had begun.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Refused(Exception):
@@ -29,10 +34,14 @@ class Refused(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived (SageMaker stopping the job): unwind so that billed resources are stopped.
+    """SIGTERM (SageMaker stopping the job) or SIGINT arrived: unwind so that billed resources are stopped.
 
     A BaseException, like KeyboardInterrupt, so no ``except Exception`` on the way
     (a sample retry, say) mistakes it for a failed request and carries on."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def parse_pairs(items: Iterable[str], flag: str, example: str = "batch_size=64") -> dict[str, str]:
@@ -48,7 +57,8 @@ def parse_pairs(items: Iterable[str], flag: str, example: str = "batch_size=64")
 
 @dataclass
 class _SigtermHandler:
-    """Raises :class:`Terminated` in the main thread, and again until it is seen to propagate.
+    """Raises :class:`Terminated` in the main thread, and again until it is seen to propagate (for SIGTERM and
+    SIGINT alike: the second of the two finds the first propagating and does nothing).
 
     A signal handler runs wherever the main thread is, a garbage collector's weakref callback included, and an
     exception raised there is printed ("Exception ignored in ...") and dropped: the step would train on to its
@@ -68,12 +78,19 @@ class _SigtermHandler:
             return
         if not self._repeating:
             self._repeating = True
-            threading.Thread(target=self._repeat, name="sigterm-repeat", daemon=True).start()
-        raise Terminated()
+            threading.Thread(target=self._repeat, args=(signum,), name="sigterm-repeat", daemon=True).start()
+        raise Terminated(signum)
 
-    def _repeat(self) -> None:
+    def _repeat(self, signum: int) -> None:
         while not self.stop.wait(self.again_seconds):
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
+
+
+def stopping() -> bool:
+    """Whether a stop signal's :class:`Terminated` is propagating where this is called (a ``finally`` block): the
+    cleanup then has a deadline (the supervisor's grace, SageMaker's SIGKILL), and nothing but the session's stop
+    may wait long."""
+    return _unwinding(sys.exc_info()[1])
 
 
 def _unwinding(exc: BaseException | None) -> bool:
@@ -98,7 +115,7 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     on_sigterm = _SigtermHandler()
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {sig: signal.signal(sig, on_sigterm) for sig in STOP_SIGNALS}
     try:
         require_training_session_sdk()
         return body()
@@ -107,14 +124,15 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
-    except Terminated:
+    except Terminated as exc:
         on_sigterm.stop.set()
-        print(f"error: SIGTERM received; {hint()}", file=sys.stderr, flush=True)
-        return EXIT_TERMINATED
+        print(f"error: {exc} received; {hint()}", file=sys.stderr, flush=True)
+        return 128 + exc.signum  # EXIT_TERMINATED for SIGTERM, 130 for SIGINT
     except Exception as exc:  # noqa: BLE001 - the policy: anything not refused is a failure, with a hint
         logging.getLogger("steps").error("the step failed", exc_info=True)  # the traceback, for a bug
         print(f"error: {describe(exc)}; {hint()}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     finally:
         on_sigterm.stop.set()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from steps.cli import Refused, parse_pairs, run_step
+from steps.cli import Refused, parse_pairs, run_step, stopping
 from steps.config import RunConfig, load_config, to_dict
 from steps.dapo import curves, rollouts
 from steps.dapo import metrics as metrics_io
@@ -36,6 +36,10 @@ from steps.tasks import RowTask, build_task, load_examples
 
 log = logging.getLogger("steps.train")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "default.yaml"
+#: Seconds a step being stopped (SIGTERM, Ctrl-C) gives MLflow to take what is queued, its session stopped: an
+#: MLflow still connecting (its module importing, a first run's database being created) held an interrupted step
+#: for the 30 s of tracking.FINISH_TIMEOUT_SECONDS, past its supervisor's grace.
+STOPPING_TRACKING_SECONDS = 5.0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -192,7 +196,7 @@ def train(args: argparse.Namespace, session: dict[str, Any]) -> int:
             session["stopped"] = stop_session(training_client, failing=outcome is None)
         finally:  # also when the stop failed (its service unreachable): the MLflow run ends either way
             if tracker is not None and (outcome is None or not session.get("stopped")):
-                tracker.finish("FAILED")
+                tracker.finish("FAILED", STOPPING_TRACKING_SECONDS if stopping() else tracking.FINISH_TIMEOUT_SECONDS)
     # What the session billed, read once it is stopped (its count is final then), beside the client's count.
     name = training_client.training_session_name
     bill = billing.block(meter.total, billing.service_count(name, cfg.session.region), name, cfg.session.prices,

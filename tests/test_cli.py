@@ -40,3 +40,37 @@ def test_a_swallowed_sigterm_is_raised_again_and_the_cleanup_runs_whole():
     assert proc.returncode == 143, err
     assert out.splitlines() == ["swallowed", "cleaned up"]
     assert err.strip().splitlines()[-1] == "error: SIGTERM received; the session was stopped"
+
+
+INTERRUPTED = textwrap.dedent("""
+    import sys
+    from steps.cli import run_step
+
+    def body():
+        try:
+            print("ready", flush=True)
+            sys.stdin.readline()  # training, until the test lets it end
+        finally:
+            print("stopping the session", flush=True)
+            sys.stdin.readline()  # the stop, under way when the runner's SIGTERM comes
+            print("session stopped", flush=True)
+        return 0
+
+    sys.exit(run_step(body, hint=lambda: "the session was stopped"))
+""")
+
+
+def test_ctrl_c_then_the_runners_sigterm_stop_the_step_once_and_the_stop_runs_whole():
+    """A Ctrl-C reaches a local run's step as SIGINT (forwarded by its supervisor) and, a moment later, as the
+    runner's SIGTERM: the first stops the step; the second finds it stopping and leaves the stop of its session
+    alone (it used to cut that stop short, and an interrupted step then left its session running)."""
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == "stopping the session\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate("\n", timeout=30)
+    assert proc.returncode == 130, err
+    assert out == "session stopped\n"
+    assert err.strip().splitlines()[-1] == "error: SIGINT received; the session was stopped"

@@ -306,10 +306,13 @@ def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, ca
 
 
 def _start(tmp_path, *extra):
+    """The local run in a process group of its own, as a terminal starts a foreground job: a Ctrl-C is a SIGINT to
+    that group."""
     root = Path(__file__).resolve().parents[1]
     return subprocess.Popen([sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"),
                              "--definition-out", str(tmp_path / "pipeline.json"), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root),
+                            start_new_session=True)
 
 
 def _signal_masks(pid: int) -> str:
@@ -382,7 +385,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
             break
     running = proc.poll() is None  # for the failure message: a run already over cannot be interrupted
     masks = _signal_masks(proc.pid)  # for the failure message: a SIGINT blocked or ignored never arrives
-    proc.send_signal(signal.SIGINT)  # to the runner only, as a kill -INT would
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: to the runner's whole group, as a terminal sends it
     out, err = proc.communicate(timeout=120)
     out = "".join(lines) + out
     assert proc.returncode == 130 and "interrupted" in err, (
@@ -397,13 +400,15 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     # No step process (they all run with paths under this run's directory) is left.
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "runs")], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
-    # The summary still came, and the MLflow run ended KILLED; the step stopped on SIGTERM, stopping its session.
+    # The summary still came, and the MLflow run ended KILLED; the step stopped on the Ctrl-C (its supervisor
+    # forwarded it), stopping its session; the service, which the Ctrl-C does not reach, could still say so.
     run_id = re.search(r"^local-run (\S+):", out, re.M).group(1)
     assert f"outcome: INTERRUPTED; continue it with: python -m local.run --resume {run_id}" in out
     [killed] = _mlflow_runs(tmp_path)
     assert killed.info.status == "KILLED"
     run_dir = tmp_path / "runs" / run_id
-    assert "error: SIGTERM received; the training session was stopped" in (run_dir / "logs/TrainDAPO.log").read_text()
+    assert "error: SIGINT received; the training session was stopped" in (run_dir / "logs/TrainDAPO.log").read_text()
+    assert "training sessions created: 1, left running: 0\n" in out
 
     # Resumed: same run id, same MLflow run; ValidateData kept, TrainDAPO from its checkpoint to MaxSteps only.
     assert _run(tmp_path, "--resume", run_id) == 0

@@ -1,11 +1,13 @@
 """steps.supervise, the container's entry point for the steps that create training sessions: the step's process
 killed (SIGKILL, as the out-of-memory killer does) has its session stopped by the supervisor before it exits,
-with the step's code; SIGTERM reaches the step. Processes started as the image starts them, against the local
+with the step's code; SIGTERM reaches the step; a step that does not exit within the grace is killed and its
+session stopped; the step does not outlive its supervisor. Processes started as the image starts them, against the local
 training-session service."""
 from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from steps.platform.ownership import ENV_JOB, ENV_LOCAL_JOBS, ENV_PIPELINE, LocalJobs, Owner, pipeline_sessions
-from steps.supervise import shell_code
+from steps.supervise import ENV_GRACE, shell_code
 from tests import test_train
 from tests.test_sessions import EVALUATE_JOB, PIPELINE_JOB, a_pipeline, create
 from tests.test_train import ROOT, argv, subprocess_env
@@ -97,3 +99,48 @@ def test_the_exit_code_is_the_childs_as_a_shell_reports_it(returncode, code):
 def test_without_a_command_it_explains_itself():
     result = subprocess.run([*SUPERVISED], capture_output=True, text=True, cwd=str(ROOT))
     assert result.returncode == 64 and "usage: python -m steps.supervise -- COMMAND" in result.stderr
+
+
+def test_a_step_still_running_after_its_grace_is_killed_and_its_session_stopped(tmp_path, local_service,
+                                                                                 service_client):
+    """A step that hangs on its way out (here: it ignores SIGTERM) is killed, with its process group, once the
+    supervisor's grace is over, and the supervisor stops its session before it exits: not the runner's (or
+    SageMaker's) SIGKILL of the supervisor, which would leave the session billing."""
+    pipeline = a_pipeline()
+    me = Owner(pipeline, PIPELINE_JOB)
+    jobs = LocalJobs(tmp_path / "jobs")
+    env = {**subprocess_env(local_service), ENV_PIPELINE: pipeline, ENV_JOB: me.job,
+           ENV_LOCAL_JOBS: str(jobs.directory), ENV_GRACE: "1"}
+    hung = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); signal.pause()"
+    with jobs.running(me.job):
+        client = create(service_client, me.session_name(1))  # the step's session, Running
+        proc = subprocess.Popen([*SUPERVISED, sys.executable, "-c", hung], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT))
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 137, out
+    assert "supervise: the step's process has not exited 1s after SIGTERM: killing it and its process group\n" in out
+    assert "was killed by SIGKILL" in out and f"stopped training session {me.session_name(1)}" in out
+    assert {s.name: s.status for s in pipeline_sessions(service_client, pipeline)} == {me.session_name(1): "Stopped"}
+    del client
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits on a process that is not its child: Linux pidfd")
+def test_the_step_dies_with_its_supervisor_though_it_runs_in_a_group_of_its_own():
+    """A SIGKILL of the supervisor's process group (a local run's hard stop) does not reach the step, which the
+    supervisor starts in a group of its own: the kernel kills it when the supervisor dies (PR_SET_PDEATHSIG).
+    Before, it lived on as an orphan until its calls to the vanished service failed."""
+    child = "import os, signal; print(os.getpid(), flush=True); signal.pause()"
+    proc = subprocess.Popen([*SUPERVISED, sys.executable, "-c", child], stdout=subprocess.PIPE, text=True,
+                            cwd=str(ROOT), env=environment_without_owner(), start_new_session=True)
+    step = int(proc.stdout.readline())
+    assert os.getpgid(step) == step != os.getpgid(proc.pid)
+    pidfd = os.pidfd_open(step)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        readable, _, _ = select.select([pidfd], [], [], 30)  # readable once the step's process has exited
+        assert readable == [pidfd], "the step outlived its supervisor"
+    finally:
+        os.close(pidfd)

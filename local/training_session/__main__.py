@@ -1,7 +1,9 @@
 """``python -m local.training_session``: serve the local training-session service.
 
 Prints ``listening on http://HOST:PORT`` once it accepts connections (``--port 0``
-picks a free port and prints the real one) and serves until SIGTERM or SIGINT.
+picks a free port and prints the real one) and serves until SIGTERM or SIGINT, or, with
+``--stop-when-stdin-closes``, until its stdin ends: the process that started it holds the other
+end, so the service ends with that process however it ends (local/stack.py).
 Point the SDK at it with::
 
     export SAGEMAKER_TRAINING_SESSION_ENDPOINT=http://HOST:PORT
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     p.add_argument("--state-dir", help="persist model packages here, so a restarted service still serves them")
+    p.add_argument("--stop-when-stdin-closes", action="store_true",
+                   help="also stop when stdin reaches its end (the starting process died, or closed the pipe)")
     Faults.add_flags(p.add_argument_group("fault injection (default: none; env: " + ", ".join(ENV_VARS.values()) + ")"))
     Costs.add_flags(p.add_argument_group("cost model (default: off; env: " + ", ".join(cost_model.ENV_VARS.values())
                                          + ")"))
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.stop_when_stdin_closes:
+        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="stdin-watch", daemon=True).start()
     print(f"listening on {service.url}", flush=True)
     log.info("listening on %s (faults: %s; cost model: %s; sickness: %s)", service.url, _changed(faults),
              _changed(costs) if costs.enabled else "off", _changed(sickness))
@@ -77,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     log.info("stopping: %d sessions", len(service.sessions()))
     service.stop()
     return 0
+
+
+def _stop_at_end_of_stdin(stop: threading.Event) -> None:
+    sys.stdin.buffer.read()  # nothing is ever written: this returns when every writer has closed its end
+    if not stop.is_set():
+        log.info("stdin closed: the process that started the service has ended or let it go")
+        stop.set()
 
 
 def _changed(settings: Faults | Costs | Sickness) -> str:

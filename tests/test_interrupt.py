@@ -1,0 +1,116 @@
+"""Ctrl-C in the terminal of `make local-run`: SIGINT to the run's whole process group, as a terminal sends it, at
+points of TrainDAPO. Every session ends Stopped (by the step itself), the service stops after the steps (so the
+summary can say so), and no process of the run is left.
+
+A terminal's Ctrl-C reaches every process of the foreground group: the runner, its step's supervisor (which
+forwards it to the step, in a group of its own) and, before, the local service, which then exited first. Each run
+costs 10-20 s of CPU, so rather than many runs at random points, one per phase: here, while TrainDAPO starts and
+while it saves a checkpoint and evaluates; mid-step, tests/test_local_run.py's Ctrl-C test (which resumes after it).
+The exact moment within each phase still varies with the machine's timing.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from local.stack import ROOT
+
+#: Where the Ctrl-C lands: the console line of TrainDAPO after which it is pressed. With save_every and eval_every 2.
+POINTS = {
+    # The runner starting TrainDAPO: downloading its channels, starting its supervisor (a Ctrl-C inside Popen is
+    # held until the process is in hand), or the step importing; which of them depends on the machine's timing.
+    "starting": "[TrainDAPO] started",
+    "checkpoint": "[TrainDAPO] train: step=2 ",  # step 2's checkpoint being saved, the in-training evaluation
+}
+
+
+def small_config(tmp_path: Path) -> Path:
+    shipped = (ROOT / "config" / "local.yaml").read_text()
+    config = tmp_path / "local.yaml"
+    config.write_text(re.sub(r"(?m)^  (save_every|eval_every): \d+$", r"  \1: 2", shipped))
+    assert config.read_text().count(": 2\n") >= 2
+    return config
+
+
+def interrupted_run(tmp_path: Path, point: str) -> tuple[int, str, str]:
+    """A small local run in a process group of its own (a terminal's foreground job), SIGINT to the whole group once
+    ``point`` is printed; its exit code, stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"), "--definition-out",
+         str(tmp_path / "pipeline.json"), "--config", str(small_config(tmp_path)), "--train-rows", "60",
+         "--eval-rows", "10", "--param", "MaxSteps=6", "--param", "BatchSize=4", "--param", "EvalSize=4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(point):
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the runner, the supervisor, a step; not the service
+            break
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(lines) + out, err
+
+
+@pytest.mark.parametrize("phase", list(POINTS))
+def test_ctrl_c_stops_the_steps_then_the_service_and_leaves_no_session_or_process(tmp_path, phase):
+    code, out, err = interrupted_run(tmp_path, POINTS[phase])
+    assert code == 130 and "interrupted: every process this run started has been stopped" in err, out[-3000:] + err
+    # No process of the run is left: every one of them names a path under its runs dir.
+    left = subprocess.run(["pgrep", "-af", str(tmp_path / "runs")], capture_output=True, text=True).stdout
+    assert left == "", left
+    # The service answered after the steps had stopped: the summary has every session, none running.
+    assert "training sessions: unknown" not in out and "service exited during the run" not in out
+    created = int(re.search(r"training sessions created: (\d+), left running: 0\n", out).group(1))
+    statuses = re.findall(r"(dapo-\S+-TrainDAPO-\S+) (\w+)", out.split("training sessions created:", 1)[1])
+    assert [status for _, status in statuses] == ["Stopped"] * created
+    run_dir = tmp_path / "runs" / re.search(r"^local-run (\S+):", out, re.M).group(1)
+    log = run_dir / "logs" / "TrainDAPO.log"
+    step_log = log.read_text() if log.exists() else ""  # Ctrl-C before the step's process started: no log
+    if created:  # the step stopped its own session: its supervisor found nothing to stop, nor had to kill it
+        assert "error: SIGINT received; the training session was stopped" in step_log, step_log[-3000:]
+        assert "supervise: stopped training session" not in step_log and "has not exited" not in step_log
+        # ... and the service stopped after it: its own log has the session's stop before its own.
+        service_log = (run_dir / "training-session-service.log").read_text()
+        assert service_log.index(f"session {statuses[0][0]} stopped") < service_log.index("stopping: ")
+    if phase != "starting":
+        assert created == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits on a process that is not its child: Linux pidfd")
+def test_the_service_runs_in_a_group_of_its_own_and_ends_with_the_process_that_started_it(tmp_path):
+    """A terminal's Ctrl-C to the runner's group does not reach the service; a SIGKILL of the runner, which cannot
+    stop it, ends it too: its stdin, a pipe from the runner, closes."""
+    starter = ("import os, sys, signal\n"
+               "from pathlib import Path\n"
+               "from local.stack import LocalStack\n"
+               f"with LocalStack(log_path=Path({str(tmp_path / 'service.log')!r})) as stack:\n"
+               "    print(stack._service.pid, flush=True)\n"
+               "    signal.pause()\n")
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
+                            start_new_session=True)
+    service = int(proc.stdout.readline())
+    assert os.getpgid(service) == service != os.getpgid(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)  # the runner's whole group, at once: the service is not in it
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    wait_for_exit(service)
+    assert "stdin closed: the process that started the service has ended" in (tmp_path / "service.log").read_text()
+
+
+def wait_for_exit(pid: int, timeout: float = 30) -> None:
+    """Until the process ``pid``, not a child of this one, has exited (a Linux pidfd is readable then)."""
+    import select
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        readable, _, _ = select.select([pidfd], [], [], timeout)
+        assert readable == [pidfd], f"process {pid} still running after {timeout}s"
+    finally:
+        os.close(pidfd)
