@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/config.yaml
 PARAMS ?=
+RESUME ?=
+VERBOSE ?=
 WAIT ?=
 EXPERIMENT ?=
 YES ?=
@@ -36,8 +38,9 @@ test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2
 
-local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides parameters
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))
+# RESUME=<run-id> continues an interrupted or failed run (runs/<run-id>/) with the parameters it started with.
+local-run: install ## the pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8", VERBOSE=1, RESUME=<run-id>
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)
 
 mlflow-ui: install ## the local runs' MLflow store (runs/mlflow.db) at http://127.0.0.1:5000 (MLFLOW_PORT=...)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)

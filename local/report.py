@@ -189,9 +189,19 @@ def training_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run, from the shell `make local-run` was typed in (no venv active):
+    make's for the project's runs/, else the project venv's python with the run's --runs-dir."""
+    from local.stack import ROOT
+
+    if run_dir.parent.resolve() == (ROOT / "runs").resolve():
+        return f"make local-run RESUME={run_dir.name}"
+    return f".venv/bin/python -m local.run --runs-dir {run_dir.parent} --resume {run_dir.name}"
+
+
 def outcome(run_dir: Path, records: dict[str, Any], failure: Any, interrupted: bool) -> str:
-    """Succeeded, failed where and why, or interrupted; with the --resume command where resuming can help."""
-    resume = f"; continue it with: python -m local.run --resume {run_dir.name}"
+    """Succeeded, failed where and why, or interrupted; with the resume command where resuming can help."""
+    resume = f"; continue it with: {resume_command(run_dir)}"
     return ("INTERRUPTED" + resume if interrupted else "succeeded, model approved" if failure is None
             else f"FAILED at {failure.step}: {failure.message}"
             + (resume if _resumable(records.get(failure.step), failure.message) else ""))

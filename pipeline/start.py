@@ -42,7 +42,9 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
             typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)
         except ValueError:
             raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
-    source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
+    # Errors name the file, and the parameters only when there are some (not "config + parameters : ...").
+    given = " ".join(f"{n}={v}" for n, v in params.items())
+    source = f"{config_path} + parameters {given}" if given else config_path
     return config_from_dict(overridden(load_yaml(config_path), typed), source=source)
 
 
@@ -81,7 +83,7 @@ def start(session: boto3.Session, name: str, region: str, params: dict[str, str]
         check_experiment(sm, name, experiment)
     preflight.before_start(session, run, config_path, params)
     # What the execution may bill, before it can.
-    print(budget.describe(run.dapo, prices=run.session.prices), flush=True)
+    print(budget.describe(run.dapo, prices=run.session.prices, base_model=run.session.base_model), flush=True)
     # The config's form of a data prefix ends with '/': s3://b/data/train would also read s3://b/data/train-old/.
     data = {n: getattr(run.pipeline, BY_NAME[n].field) for n in preflight.DATA_PARAMETERS if n in params}
     params = {**params, **data}

@@ -1,0 +1,88 @@
+"""What a local run shows on the terminal: one compact line per training step, every line within 100 columns.
+
+The steps print full ``key=value`` lines (steps/dapo/metrics.py): SageMaker's metric regexes read them from
+the job's log, and a local run keeps them whole in ``runs/<id>/logs/<step>.log``. Here they are only *rendered*
+for a person: a step's ``sampling:`` and ``train:`` lines become one line, and any other line is wrapped at
+:data:`WIDTH` (a word longer than the width, a long path say, goes on its own line, unbroken).
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass, field
+
+WIDTH = 100
+#: A wrapped line's continuation: indented under its first line, a little further.
+CONTINUATION = "    "
+
+
+def fields(line: str) -> dict[str, str]:
+    """``"train: step=3 reward_mean=0.42 ..."`` -> ``{"step": "3", "reward_mean": "0.42", ...}``."""
+    _, _, rest = line.partition(": ")
+    return dict(word.split("=", 1) for word in rest.split() if "=" in word)
+
+
+def fit(text: str, width: int = WIDTH) -> list[str]:
+    """``text`` (one line or several) in lines of at most ``width`` columns: each wrapped at spaces, its
+    continuation lines indented under it; a word that cannot fit (a long path) gets a line of its own."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line, width=width, initial_indent=lead, subsequent_indent=lead + CONTINUATION,
+                             break_long_words=False, break_on_hyphens=False)
+    return out
+
+
+def _number(text: str | None, spec: str) -> str:
+    """A figure of a step line as the compact line shows it; "-" when the step did not print it or it is nan."""
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return text or "-"
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def compact_train_line(train: dict[str, str], sampling: dict[str, str] | None = None) -> str:
+    """One training step in well under 100 columns: step, reward, accuracy, kept/sampled groups, entropy,
+    trained tokens per second, progress and ETA. ``train``/``sampling``: the fields of the step's lines."""
+    step, progress = train.get("step", "?"), train.get("progress")
+    parts = [f"step {progress}" if progress else f"step {step}"]
+    parts.append(f"reward {_number(train.get('reward_mean'), '.3f')}")
+    parts.append(f"acc {_number(train.get('accuracy'), '.3f')}")
+    if sampling and sampling.get("step") == step:
+        parts.append(f"kept {sampling.get('kept_groups', '?')}/{sampling.get('groups_sampled', '?')}")
+    parts.append(f"entropy {_number(train.get('entropy'), '.3f')}")
+    try:
+        rate = float(train["tokens"]) / float(train["seconds"])
+        parts.append(f"{rate:,.0f} tok/s")
+    except (KeyError, ValueError, ZeroDivisionError):
+        pass
+    if progress and "/" in progress:
+        done, total = progress.split("/", 1)
+        if total.isdigit() and done.isdigit() and int(total):
+            parts.append(f"{100 * int(done) // int(total)}%")
+    if "eta" in train:
+        parts.append(f"eta {train['eta']}")
+    return "  ".join(parts)
+
+
+@dataclass
+class StepLines:
+    """Turns one step's output into what the terminal shows, line by line; remembers each step's last
+    ``sampling:`` line, which the ``train:`` line of the same step is shown with."""
+
+    width: int = WIDTH
+    _sampling: dict[str, dict[str, str]] = field(default_factory=dict)  # per step name
+
+    def render(self, step: str, line: str) -> list[str]:
+        """The terminal lines for one line ``step`` printed (none for a ``sampling:`` line: it joins the next
+        ``train:`` line); the caller decides which lines are shown at all."""
+        if line.startswith("sampling: "):
+            self._sampling[step] = fields(line)
+            return []
+        if line.startswith("train: "):
+            return fit(f"[{step}] {compact_train_line(fields(line), self._sampling.get(step))}", self.width)
+        return fit(f"[{step}] {line}", self.width)
