@@ -3,7 +3,8 @@
 The steps print full ``key=value`` lines (steps/dapo/metrics.py): SageMaker's metric regexes read them from
 the job's log, and a local run keeps them whole in ``runs/<id>/logs/<step>.log``. Here they are only *rendered*
 for a person: a step's ``sampling:`` and ``train:`` lines become one line, and any other line is wrapped at
-:data:`WIDTH` (a word longer than the width, a long path say, goes on its own line, unbroken).
+:data:`WIDTH` (a word that does not fit, a long path say, goes on its own line; cut only if it is wider
+than the terminal itself).
 """
 from __future__ import annotations
 
@@ -31,9 +32,20 @@ def fit(text: str, width: int = WIDTH) -> list[str]:
             out.append(line)
             continue
         lead = line[:len(line) - len(line.lstrip())]
-        out += textwrap.wrap(line, width=width, initial_indent=lead, subsequent_indent=lead + CONTINUATION,
-                             break_long_words=False, break_on_hyphens=False)
+        for wrapped in textwrap.wrap(line.lstrip(), width=width, initial_indent=lead,
+                                     subsequent_indent=lead + CONTINUATION, break_long_words=False,
+                                     break_on_hyphens=False):
+            out += _split(wrapped, width, lead + CONTINUATION)
     return out
+
+
+def _split(line: str, width: int, indent: str) -> list[str]:
+    """A line that is one word too long for any line (an ARN, a deep path; textwrap gave it a line of its
+    own): cut at the width, the rest indented, so that nothing is wider than the terminal."""
+    if len(line) <= width:
+        return [line]
+    room = max(width - len(indent), 20)
+    return [line[:width]] + [indent + line[i:i + room] for i in range(width, len(line), room)]
 
 
 def _number(text: str | None, spec: str) -> str:
@@ -46,24 +58,21 @@ def _number(text: str | None, spec: str) -> str:
 
 
 def compact_train_line(train: dict[str, str], sampling: dict[str, str] | None = None) -> str:
-    """One training step in well under 100 columns: step, reward, accuracy, kept/sampled groups, entropy,
-    trained tokens per second, progress and ETA. ``train``/``sampling``: the fields of the step's lines."""
-    step, progress = train.get("step", "?"), train.get("progress")
-    parts = [f"step {progress}" if progress else f"step {step}"]
-    parts.append(f"reward {_number(train.get('reward_mean'), '.3f')}")
-    parts.append(f"acc {_number(train.get('accuracy'), '.3f')}")
+    """One training step in some 90 columns: progress (step/total), reward, sampled accuracy, kept/sampled
+    groups, entropy, trained tokens per second and the time left. ``train``/``sampling``: the fields of the
+    step's lines. Two decimals: a glance; the logs and metrics.jsonl keep every figure whole."""
+    step = train.get("step", "?")
+    parts = [f"step {train.get('progress') or step}",
+             f"reward {_number(train.get('reward_mean'), '.2f')}",
+             f"acc {_number(train.get('accuracy'), '.2f')}"]
     if sampling and sampling.get("step") == step:
         parts.append(f"kept {sampling.get('kept_groups', '?')}/{sampling.get('groups_sampled', '?')}")
-    parts.append(f"entropy {_number(train.get('entropy'), '.3f')}")
+    parts.append(f"entropy {_number(train.get('entropy'), '.3g')}")
     try:
         rate = float(train["tokens"]) / float(train["seconds"])
-        parts.append(f"{rate:,.0f} tok/s")
+        parts.append(f"{rate / 1000:.0f}k tok/s" if rate >= 10_000 else f"{rate:,.0f} tok/s")
     except (KeyError, ValueError, ZeroDivisionError):
         pass
-    if progress and "/" in progress:
-        done, total = progress.split("/", 1)
-        if total.isdigit() and done.isdigit() and int(total):
-            parts.append(f"{100 * int(done) // int(total)}%")
     if "eta" in train:
         parts.append(f"eta {train['eta']}")
     return "  ".join(parts)

@@ -214,8 +214,10 @@ SHOWN = ("sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopp
 
 
 def say(text: str, file: Any = None) -> None:
-    """One of the run's own messages, within the terminal's 100 columns (local/console.py)."""
+    """One of the run's own messages, within the terminal's 100 columns (local/console.py); local-run.log
+    keeps it too, timestamped, among the runner's warnings and tracebacks."""
     print("\n".join(console.fit(text)), file=file or sys.stdout, flush=True)
+    logging.getLogger("local.run").info("%s", text)
 
 
 class Progress:
@@ -233,6 +235,7 @@ class Progress:
     def _print(self, text: str) -> None:
         if self.verbose:
             print(text, flush=True)
+            logging.getLogger("local.run").info("%s", text)
         else:
             say(text)
 
@@ -261,20 +264,25 @@ class Progress:
 
 @contextmanager
 def run_log(path: Path) -> Iterator[None]:
-    """This process's own logging (boto, MLflow, warnings) to runs/<id>/local-run.log, not the console."""
+    """This process's own logging (boto, MLflow, warnings) to runs/<id>/local-run.log, not the console; with
+    what the run said on the terminal (:func:`say`), timestamped. The runner's logger has its own level: building
+    the definition imports pipeline/pipeline.py, which sets the root logger to WARNING (the SageMaker SDK's INFO
+    lines), and the file stayed empty."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    level = root.level
+    root, own = logging.getLogger(), logging.getLogger("local.run")
+    levels = root.level, own.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    own.setLevel(logging.INFO)
     logging.captureWarnings(True)
     try:
         yield
     finally:
         logging.captureWarnings(False)
         root.removeHandler(handler)
-        root.setLevel(level)
+        root.setLevel(levels[0])
+        own.setLevel(levels[1])
         handler.close()
 
 
@@ -382,7 +390,7 @@ def run(plan: Plan, run_dir: Path, args: argparse.Namespace) -> int:
     summary = report.summarize(run_dir, ended.records, ended.failure, time.monotonic() - t0, ended.sessions,
                                ended.package, parameters=plan.params, notes=ended.notes, mlflow_status=mlflow,
                                interrupted=ended.interrupted)
-    print(summary, flush=True)
+    say(summary)
     if ended.interrupted:
         say(f"interrupted: every process this run started has been stopped; continue it with: "
             f"{report.resume_command(run_dir)}", file=sys.stderr)

@@ -131,3 +131,16 @@ def test_a_typo_gets_did_you_mean_in_a_short_line_and_every_known_key_after_it(t
     assert all(f" {name}," in f" {listed}," for name in known), listed
     with pytest.raises(ConfigError, match=r"unknown setting 'dapo\.batch_sise'; did you mean 'dapo\.batch_size'\?"):
         apply_overrides({}, {"dapo.batch_sise": "3"}, "hp")
+
+
+def test_an_error_names_the_parameters_only_when_some_were_given(tmp_path):
+    """Not "config.yaml + parameters : ..." when no parameter was given (issue 29)."""
+    from pipeline.start import check_params
+
+    path = write(tmp_path, "dapo: {batch_size: 0}\n")
+    with pytest.raises(ConfigError) as exc:
+        check_params({}, {"MaxSteps": "Integer"}, str(path))
+    assert str(exc.value).startswith(f"{path}: 'dapo.batch_size' must be >= 1")
+    with pytest.raises(ConfigError) as exc:
+        check_params({"MaxSteps": "3"}, {"MaxSteps": "Integer"}, str(path))
+    assert str(exc.value).startswith(f"{path} + parameters MaxSteps=3: 'dapo.batch_size' must be >= 1")

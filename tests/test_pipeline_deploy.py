@@ -291,8 +291,9 @@ def test_start_checks_the_data_and_base_model_of_the_execution(pipeline_in_moto,
     session, sm, name = pipeline_in_moto
     calls = record_calls(session)
     start_cmd.start(session, name, REGION, {}, str(config))
-    assert calls[-6:] == ["ListObjectsV2", "ListObjectsV2", "ListHubContents", "DescribeHubContent",
-                          "DescribeHubContent", "StartPipelineExecution"]
+    # The preflight's; then the train file counted against BatchSize (one small object: it is read).
+    assert calls[-8:] == ["ListObjectsV2", "ListObjectsV2", "ListHubContents", "DescribeHubContent",
+                          "DescribeHubContent", "ListObjectsV2", "GetObject", "StartPipelineExecution"]
 
 
 def test_start_sends_a_data_prefix_that_ends_with_a_slash(pipeline_in_moto, config):

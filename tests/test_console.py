@@ -1,0 +1,73 @@
+"""What a local run shows on the terminal (local/console.py, local/run.py's Progress): one compact line per
+training step within 100 columns by default, the steps' full lines with --verbose."""
+from __future__ import annotations
+
+import math
+
+from local import console, run
+from steps.dapo import metrics
+
+
+def _step_lines(step: int, total: int = 30, entropy: float = 0.41234) -> tuple[str, str]:
+    """A step's sampling: and train: lines exactly as steps/dapo/metrics.py prints them."""
+    sampling = {"step": step, "gen_batches": 3, "groups_sampled": 48, "filtered_frac": 0.6667, "kept_groups": 16,
+                "empty_rollouts": 0}
+    train = {"step": step, "reward_mean": 0.4219, "accuracy": 0.40625, "loss": -0.0123, "tokens": 12345,
+             "seconds": 4.21, "accuracy_lenient": 0.4531, "completion_tokens_mean": 210.5, "truncated_frac": 0.0312,
+             "off_policy_steps": 0, "entropy": entropy, "sampler_kl": math.nan, "completion_tokens_p50": 210.0,
+             "completion_tokens_p95": 880.0, "completion_tokens_max": 1024, "repetition_frac": 0.0,
+             "format_error_rate": 0.0312, "prefill_tokens": 123456, "sample_tokens": 4567890,
+             "train_tokens": 3456789}
+    printed = metrics.line("train", train, metrics.TRAIN_FIELDS + metrics.TOKEN_FIELDS[:3])
+    return (metrics.line("sampling", sampling, metrics.SAMPLING_FIELDS),
+            printed + metrics.progress(step, total, [4.21] * step))
+
+
+def test_a_step_is_one_line_with_its_sampling_figures_within_100_columns():
+    sampling, train = _step_lines(12)
+    assert len(train) > 400  # what SageMaker's regexes read: far too wide for a terminal
+    shown = console.StepLines()
+    assert shown.render("TrainDAPO", sampling) == []  # joins the train line
+    [line] = shown.render("TrainDAPO", train)
+    assert line == ("[TrainDAPO] step 12/30  reward 0.42  acc 0.41  kept 16/48  entropy 0.412  2,932 tok/s  "
+                    "eta 1m16s")
+    assert len(line) <= 100
+
+
+def test_a_figure_not_printed_or_nan_shows_as_a_dash_and_another_steps_sampling_is_not_borrowed():
+    sampling, _ = _step_lines(3)
+    _, train = _step_lines(4, entropy=math.nan)
+    shown = console.StepLines()
+    shown.render("TrainDAPO", sampling)
+    [line] = shown.render("TrainDAPO", train)
+    assert "entropy -" in line and "kept" not in line
+
+
+def test_other_lines_wrap_at_100_columns_and_a_long_word_gets_a_line_of_its_own():
+    path = "/runs/20261204-184207-a3f2/" + "x" * 40 + "/TrainDAPO.log"  # 81 characters
+    text = "  note: " + "word " * 30 + path + " end"
+    lines = console.fit(text)
+    assert all(len(line) <= 100 for line in lines) and len(lines) > 2
+    assert any(line.startswith(f"      {path}") for line in lines)  # continuation indent, the path whole
+    assert " ".join(" ".join(lines).split()) == " ".join(text.split())  # nothing lost
+    assert console.fit("short line") == ["short line"]
+    wider = "x" * 250
+    assert all(len(line) <= 100 for line in console.fit(wider)) and "".join(console.fit(wider)).replace(" ", "") \
+        == wider
+
+
+def test_progress_shows_compact_lines_by_default_and_the_full_ones_with_verbose(tmp_path, capsys):
+    sampling, train = _step_lines(2)
+    for verbose in (False, True):
+        progress = run.Progress(quiet=False, log_dir=tmp_path, verbose=verbose)
+        for line in (sampling, train, "INFO botocore: an SDK line"):
+            progress.line("TrainDAPO", line)
+        out = capsys.readouterr().out.splitlines()
+        if verbose:
+            assert out == [f"[TrainDAPO] {sampling}", f"[TrainDAPO] {train}"]
+        else:
+            assert len(out) == 1 and out[0].startswith("[TrainDAPO] step 2/30  reward 0.42") and len(out[0]) <= 100
+    quiet = run.Progress(quiet=True, log_dir=tmp_path)
+    quiet.line("TrainDAPO", train)
+    quiet.line("TrainDAPO", "error: the session failed")
+    assert capsys.readouterr().out == "[TrainDAPO] error: the session failed\n"
