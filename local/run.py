@@ -465,7 +465,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except Refused as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted: every process this run started has been stopped", file=sys.stderr)

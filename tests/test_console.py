@@ -71,3 +71,24 @@ def test_progress_shows_compact_lines_by_default_and_the_full_ones_with_verbose(
     quiet.line("TrainDAPO", train)
     quiet.line("TrainDAPO", "error: the session failed")
     assert capsys.readouterr().out == "[TrainDAPO] error: the session failed\n"
+
+
+def test_the_printed_resume_command_works_in_the_shell_make_local_run_was_typed_in(tmp_path):
+    """No venv active there: make's form for the project's runs/, else the venv's python with the runs dir."""
+    from local import report
+    from local.stack import ROOT
+
+    assert report.resume_command(ROOT / "runs" / "20261204-184207-a3f2") == "make local-run RESUME=20261204-184207-a3f2"
+    assert report.resume_command(tmp_path / "20261204-184207-a3f2") == \
+        f".venv/bin/python -m local.run --runs-dir {tmp_path} --resume 20261204-184207-a3f2"
+
+
+def test_the_package_version_is_explained_not_reset():
+    """A fresh run's package is version 33 of 30 steps: each step's saveWeights and each checkpoint's saveState
+    registered a version before it, as the service does (their ARNs are in metrics and checkpoints)."""
+    from local import report
+
+    arn = "arn:aws:sagemaker:us-west-2:123456789012:model-package/dapo-local/33"
+    assert report.package_version_note(arn) == (
+        "(the final sampler weights: version 33 of dapo-local; versions 1-32 are this run's earlier sampler weights "
+        "and checkpoints, each registered as the service does)")

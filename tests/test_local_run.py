@@ -237,8 +237,8 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
                 f"count: the same; session {bill['session']})") in flat
     total = billing.TokenCount.from_fields(bills["TrainDAPO"]) + billing.TokenCount.from_fields(trained["billing"])
     assert total.train == bills["TrainDAPO"]["train_tokens"] > 0 and total.prefill > 0
-    assert (f"    in all         {total.prefill:,} prefill, {total.sample:,} sample, {total.train:,} train "
-            "(session.prices unset: no USD figure)") in out
+    assert (f"in all {total.prefill:,} prefill, {total.sample:,} sample, {total.train:,} train "
+            "(session.prices unset: no USD figure)") in flat
     assert (f"billed_prefill_tokens={total.prefill} billed_sample_tokens={total.sample} "
             f"billed_source={billing.SERVICE} billed_train_tokens={total.train}") in flat
 
@@ -427,7 +427,8 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     # Resumed: same run id, same MLflow run; ValidateData kept, TrainDAPO from its checkpoint to MaxSteps only.
     assert _run(tmp_path, "--resume", run_id) == 0
     out = capsys.readouterr().out
-    assert f"local-run {run_id}: resuming (ValidateData completed before; parameters: MaxSteps=16 EvalSize=20)" in out
+    assert (f"local-run {run_id}: resuming (ValidateData completed before; parameters: MaxSteps=16 EvalSize=20)"
+            in " ".join(out.split()))
     assert "[ValidateData] Succeeded: kept from the interrupted run (its outputs restored to S3)" in out
     assert "outcome: succeeded, model approved" in out
     attempts = (run_dir / "logs/TrainDAPO.log").read_text().split("== TrainDAPO of ")[1:]
