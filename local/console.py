@@ -78,6 +78,21 @@ def compact_train_line(train: dict[str, str], sampling: dict[str, str] | None = 
     return "  ".join(parts)
 
 
+def compact_eval_line(figures: dict[str, str]) -> str:
+    """EvaluateModel's ``eval:`` line (the paired evaluation) in a line or two: both accuracies, the improvement
+    with its 95% interval, pass@k of both; TrainDAPO's short in-training ``eval: step=N accuracy=A`` stays as is."""
+    def number(key: str, spec: str = ".3f") -> str:
+        return _number(figures.get(key), spec)
+
+    text = (f"eval on {figures.get('n', '?')} questions: accuracy {number('accuracy')} (base "
+            f"{number('base_accuracy')}), improvement {number('improvement', '+.3f')} (95% CI "
+            f"{number('improvement_ci95_low', '+.3f')} to {number('improvement_ci95_high', '+.3f')})")
+    k = next((key[len("pass_at_"):] for key in figures if key.startswith("pass_at_")), None)
+    if k:
+        text += f", pass@{k} {number(f'pass_at_{k}')} (base {number(f'base_pass_at_{k}')})"
+    return text
+
+
 @dataclass
 class StepLines:
     """Turns one step's output into what the terminal shows, line by line; remembers each step's last
@@ -94,4 +109,8 @@ class StepLines:
             return []
         if line.startswith("train: "):
             return fit(f"[{step}] {compact_train_line(fields(line), self._sampling.get(step))}", self.width)
+        if line.startswith("eval: ") and "base_accuracy=" in line:
+            return fit(f"[{step}] {compact_eval_line(fields(line))}", self.width)
+        if line.startswith("approve: ") and "; " in line:  # the package's whole description: in the step's log
+            return fit(f"[{step}] {line.split('; ', 1)[0]}; ... (all of it: logs/{step}.log)", self.width)
         return fit(f"[{step}] {line}", self.width)

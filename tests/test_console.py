@@ -92,3 +92,30 @@ def test_the_package_version_is_explained_not_reset():
     assert report.package_version_note(arn) == (
         "(the final sampler weights: version 33 of dapo-local; versions 1-32 are this run's earlier sampler weights "
         "and checkpoints, each registered as the service does)")
+
+
+def test_the_paired_evaluation_and_the_approval_read_in_a_line_or_two():
+    """EvaluateModel's eval: line (as steps/evaluate.py prints it) and an approve: line's first clause; the whole
+    of each stays in the step's log."""
+    from steps.evaluate import summary_line
+
+    def metric(value: float) -> dict[str, float]:
+        return {"value": value}
+
+    trained = {"accuracy": metric(0.25), "format_error_rate": metric(0.0), "accuracy_lenient": metric(0.25),
+               "pass_at_k": {"value": 0.4, "k": 4}, "maj_at_k": metric(0.3083)}
+    evaluation = {"metrics": trained, "n": 20, "failed_requests": 0,
+                  "base": {"metrics": {"accuracy": metric(0.2), "pass_at_k": {"value": 0.35, "k": 4}}},
+                  "improvement": {"value": 0.05, "ci95_low": -0.1895, "ci95_high": 0.2884}}
+    shown = console.StepLines().render("EvaluateModel", summary_line(evaluation))
+    assert " ".join(" ".join(shown).split()) == (
+        "[EvaluateModel] eval on 20 questions: accuracy 0.250 (base 0.200), improvement +0.050 (95% CI -0.190 to "
+        "+0.288), pass@4 0.400 (base 0.350)")
+    assert all(len(line) <= 100 for line in shown)
+    assert console.StepLines().render("TrainDAPO", "eval: step=10 accuracy=0.5300") == \
+        ["[TrainDAPO] eval: step=10 accuracy=0.5300"]
+    approve = "approve: arn:aws:sagemaker:r:1:model-package/g/5 approved: Approved by the pipeline; accuracy 0.61"
+    shown = console.StepLines().render("ApproveModel", approve)
+    assert " ".join(shown).split() == ("[ApproveModel] approve: arn:aws:sagemaker:r:1:model-package/g/5 approved: "
+                                       "Approved by the pipeline; ... (all of it: logs/ApproveModel.log)").split()
+    assert all(len(line) <= 100 for line in shown)
