@@ -13,6 +13,7 @@ import difflib
 import json
 import re
 import sys
+import textwrap
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -36,8 +37,11 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
     typed: dict[str, Any] = {}
     for name, value in params.items():
         if name not in declared:
-            raise UserError(f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)} "
-                            f"(the pipeline has: {', '.join(declared)})")
+            # A short first line; the full list wrapped on the lines after it (16 names: some 200 characters).
+            listed = textwrap.wrap(f"the pipeline has: {', '.join(declared)}", width=96, initial_indent="  ",
+                                   subsequent_indent="    ")
+            raise UserError("\n".join([f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)}",
+                                        *listed]))
         kind = declared[name]
         try:
             typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)

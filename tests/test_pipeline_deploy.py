@@ -266,7 +266,7 @@ def test_start_passes_parameter_overrides(pipeline_in_moto, config):
     ("params", "message"),
     [
         ({"BatchSzie": "64"},
-         "unknown pipeline parameter 'BatchSzie'; did you mean BatchSize? (the pipeline has: TrainDataS3Uri,"),
+         "unknown pipeline parameter 'BatchSzie'; did you mean BatchSize?\n  the pipeline has: TrainDataS3Uri,"),
         ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
         ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
         ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),
