@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/config.yaml
 PARAMS ?=
+RESUME ?=
+VERBOSE ?=
 WAIT ?=
 EXPERIMENT ?=
 YES ?=
@@ -49,9 +51,10 @@ test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2
 
+# RESUME=<run-id> continues an interrupted or failed run (runs/<run-id>/) with the parameters it started with.
 # REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed.
-local-run: install ## the whole pipeline here, offline; PARAMS="MaxSteps=5 BatchSize=8" overrides, DATA=dir TASK=name
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))
+local-run: install ## the pipeline here, offline; PARAMS="MaxSteps=5", DATA=dir TASK=name, VERBOSE=1, RESUME=<id>
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)
 
 # Without DATA, a few generated toy rows (GSM8K's format) stand in.
 check-task: install ## three prompts of DATA=dir and the grader's verdict on their gold answers (TASK=name), offline

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+from local import console
 from steps.dapo import curves, rollouts
 from steps.platform import tracking
 
@@ -193,9 +194,19 @@ def training_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run, from the shell `make local-run` was typed in (no venv active):
+    make's for the project's runs/, else the project venv's python with the run's --runs-dir."""
+    from local.stack import ROOT
+
+    if run_dir.parent.resolve() == (ROOT / "runs").resolve():
+        return f"make local-run RESUME={run_dir.name}"
+    return f".venv/bin/python -m local.run --runs-dir {run_dir.parent} --resume {run_dir.name}"
+
+
 def outcome(run_dir: Path, records: dict[str, Any], failure: Any, interrupted: bool) -> str:
-    """Succeeded, failed where and why, or interrupted; with the --resume command where resuming can help."""
-    resume = f"; continue it with: python -m local.run --resume {run_dir.name}"
+    """Succeeded, failed where and why, or interrupted; with the resume command where resuming can help."""
+    resume = f"; continue it with: {resume_command(run_dir)}"
     return ("INTERRUPTED" + resume if interrupted else "succeeded, model approved" if failure is None
             else f"FAILED at {failure.step}: {failure.message}"
             + (resume if _resumable(records.get(failure.step), failure.message) else ""))
@@ -221,7 +232,9 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
     lines = [f"== local run {run_dir.name} ({seconds:.0f}s) ==",
              f"  parameters: {overrides(parameters or {})}"]
     for rec in records.values():
-        lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}")
+        # The failed step's message is the outcome's, said once (below).
+        message = "see the outcome" if failure is not None and rec.name == failure.step else rec.message
+        lines.append(f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + message if message else ''}")
     lines += training_lines(run_dir)
     lines += evaluation_lines(run_dir)
     lines += billing_lines(run_dir)
@@ -230,24 +243,47 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
     if package:
         metadata = " ".join(f"{k}={v}" for k, v in sorted((package.get("CustomerMetadataProperties") or {}).items()))
         lines.append(f"  model package: {package['ModelApprovalStatus']} {package['ModelPackageArn']}")
+        lines.append(f"    {package_version_note(package['ModelPackageArn'])}")
         lines.append(f"    metadata: {metadata or '(none)'}")
     run = _model(run_dir).get("mlflow") or mlflow_run(run_dir / "work")
     if run:
         store = run["tracking_uri"]
         status = f" ({mlflow_status})" if mlflow_status else ""
-        lines.append(f"  mlflow: run {run['run_id']}{status} in experiment '{run['experiment']}'; "
-                     f"see it with: mlflow ui --backend-store-uri {store}")
+        lines.append(f"  mlflow: run {run['run_id']}{status} in experiment '{run['experiment']}'; see it with:")
+        lines.append(f"    {mlflow_command(store)}")
     lines += rollout_lines(run_dir, run)
     lines += session_lines(sessions)
     names = {p.name for p in run_dir.iterdir() if p.is_file()} | {"summary.txt"}  # written below
-    lines.append(f"  artifacts: {run_dir}/ ({', '.join(sorted(names))})")
+    lines.append(f"  artifacts in {run_dir}/:")
+    lines.append(f"    {', '.join(sorted(names))}")
     if (run_dir / "logs").is_dir():
-        lines.append(f"  logs: {run_dir / 'logs'}/ (each step's whole output: "
-                     f"{', '.join(sorted(p.name for p in (run_dir / 'logs').iterdir()))}), "
-                     "training-session-service.log, local-run.log")
-    text = "\n".join(lines)
+        lines.append(f"  each step's whole output in {run_dir / 'logs'}/:")
+        lines.append(f"    {', '.join(sorted(p.name for p in (run_dir / 'logs').iterdir()))}; the service's and the "
+                     "runner's own: training-session-service.log, local-run.log (above)")
+    # Within the terminal's 100 columns: long lines wrapped, a path too long to share a line on its own.
+    text = "\n".join(line for logical in lines for line in console.fit(logical))
     (run_dir / "summary.txt").write_text(text + "\n")
     return text
+
+
+def mlflow_command(store: str) -> str:
+    """How to look at the local MLflow store: `make mlflow-ui` for the project's own, else the mlflow command."""
+    from local.stack import ROOT
+
+    if store == f"sqlite:///{(ROOT / 'runs' / MLFLOW_DB).resolve()}":
+        return "make mlflow-ui   (http://127.0.0.1:5000)"
+    return f"mlflow ui --backend-store-uri {store}"
+
+
+def package_version_note(arn: str) -> str:
+    """Why a fresh run's package is not version 1: every saveWeights (each step's sampler weights) and saveState
+    (each checkpoint) registers a version in the session's group, as the training-session service does; the
+    package approved or rejected is the last one, the final sampler weights."""
+    group, _, version = arn.rpartition(":model-package/")[2].rpartition("/")
+    if not version.isdigit() or int(version) <= 1:
+        return f"(the final sampler weights, version {version or '?'} of {group or 'its group'})"
+    return (f"(the final sampler weights: version {version} of {group}; versions 1-{int(version) - 1} are this "
+            "run's earlier sampler weights and checkpoints, each registered as the service does)")
 
 
 def _resumable(record: Any, message: str) -> bool:
@@ -294,7 +330,8 @@ def rollout_lines(run_dir: Path, run: dict[str, Any] | None) -> list[str]:
     steps = sorted({r["step"] for r in during})
     parts = [f"in training at step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}"] if steps else []
     parts += ["EvaluateModel's, base and trained side by side"] if final else []
-    lines = [f"  rollouts: {path} ({len(records)} answers with question, completion, extracted and gold answer, "
+    lines = [f"  rollouts: {path.name} in the run's folder ({len(records)} answers with question, completion, "
+             "extracted and gold answer, "
              f"reward: {'; '.join(parts)})"]
     if run:
         lines.append(f"    and as MLflow tables rollouts/*.json in run {run['run_id']} (its Artifacts tab)")

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from local import console
 from local.sample import keep_only_the_adapter
 from local.stack import ROOT
 from steps.cli import Refused, parse_pairs
@@ -60,9 +61,11 @@ def parameter_help(config: str) -> str:
         lines += textwrap.wrap(f"{p.name:<{width}}  {p.meaning} ({p.kind}, default {default})", width=100,
                                initial_indent="  ", subsequent_indent=" " * (width + 4), break_long_words=False,
                                break_on_hyphens=False)
-    lines += ["", "examples: python -m local.run --param MaxSteps=10 --param BatchSize=8",
-              "          python -m local.run --resume 20261204-184207-a3f2   (continue an interrupted run)",
-              "          python -m local.run --reevaluate 20261204-184207-a3f2 --param MinImprovement=0.1"]
+    lines += ["", "examples: make local-run PARAMS=\"MaxSteps=10 BatchSize=8\" VERBOSE=1",
+              "          make local-run RESUME=20261204-184207-a3f2   (continue an interrupted run)",
+              "          make local-run DATA=my-data TASK=answer_is   (your own files, a built-in task)",
+              "          make local-run REEVALUATE=20261204-184207-a3f2 PARAMS=\"MinImprovement=0.1\"",
+              "          .venv/bin/python -m local.run --param MaxSteps=10 --verbose   (the same, without make)"]
     return "\n".join(lines)
 
 
@@ -97,6 +100,9 @@ def parser(config: str) -> argparse.ArgumentParser:
                    help="where the pipeline definition is written, as `make pipeline-definition` does "
                         "(default: build/pipeline.json; runs/<run-id>/pipeline.json keeps the run's copy)")
     p.add_argument("--quiet", action="store_true", help="print step status and errors only, no progress lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the steps' full key=value lines (as their logs keep them) instead of one compact line "
+                        "per training step, and status lines unwrapped")
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue the interrupted or failed run runs/RUN_ID/ with its parameters and data: the steps "
                         "it completed are kept, the rest run, TrainDAPO from its last checkpoint")
@@ -156,7 +162,10 @@ def fresh_plan(args: argparse.Namespace) -> Plan:
     elif plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
         raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
                       f"together at most {MAX_ROWS} (the toy task's distinct questions)")
-    task_of(check_params(plan.params, plan.config), toy_data=args.data is None)
+    run_config = check_params(plan.params, plan.config)
+    task_of(run_config, toy_data=args.data is None)
+    if args.data is None:
+        check_batch_size(run_config.dapo.batch_size, plan.train_rows)
     return plan
 
 
@@ -193,6 +202,14 @@ def task_notes(task: Any) -> list[str]:
             "formats (gsm8k, hash, boxed, answer_is, choice), not your grader's; this run checks the plumbing end "
             "to end (validation, training, evaluation and the gate all grade with your grader), and its accuracy "
             "is not expected to improve"]
+
+
+def check_batch_size(batch_size: int, train_rows: int) -> None:
+    """A step needs batch_size distinct prompts: refused here, before any process starts, rather than by
+    ValidateData after the stack is up (the toy's row count is known before it is generated)."""
+    if batch_size > train_rows:
+        raise Refused(f"BatchSize {batch_size} is larger than the toy train split ({train_rows} rows, --train-rows): "
+                      f"lower BatchSize (--param BatchSize=N) or raise --train-rows")
 
 
 def resume_plan(args: argparse.Namespace) -> Plan:
@@ -255,53 +272,81 @@ def announcements(values: dict[str, Any]) -> dict[str, str]:
     }
 
 
-#: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log).
-SHOWN = ("train:", "eval:", "done:", "approve:", "warning:", "stopped:")
+#: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log); by default a
+#: step's sampling: and train: lines are shown as one compact line (local/console.py), with --verbose as printed.
+SHOWN = ("sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
+
+
+def say(text: str, file: Any = None) -> None:
+    """One of the run's own messages, within the terminal's 100 columns (local/console.py); local-run.log
+    keeps it too, timestamped, among the runner's warnings and tracebacks."""
+    print("\n".join(console.fit(text)), file=file or sys.stdout, flush=True)
+    logging.getLogger("local.run").info("%s", text)
 
 
 class Progress:
-    """Step status lines, and the steps' own prefixed lines."""
+    """Step status lines, and the steps' own prefixed lines: compact and within 100 columns, or (``verbose``)
+    the steps' full lines as they printed them."""
 
-    def __init__(self, quiet: bool, log_dir: Path) -> None:
+    def __init__(self, quiet: bool, log_dir: Path, verbose: bool = False) -> None:
         self.quiet = quiet
+        self.verbose = verbose
         self.log_dir = log_dir
         self.started: dict[str, float] = {}
         self.about: dict[str, str] = {}
+        self.rendered = console.StepLines()
+
+    def _print(self, text: str) -> None:
+        if self.verbose:
+            print(text, flush=True)
+            logging.getLogger("local.run").info("%s", text)
+        else:
+            say(text)
 
     def status(self, rec: Any) -> None:
         if rec.status == "Executing":
             self.started[rec.name] = time.monotonic()
             about = f": {self.about[rec.name]}" if rec.name in self.about else ""
-            print(f"[{rec.name}] started ({rec.type}){about}", flush=True)
+            self._print(f"[{rec.name}] started ({rec.type}){about}")
             return
         took = f" in {time.monotonic() - self.started[rec.name]:.1f}s" if rec.name in self.started else ""
         extra = f": {rec.message}" if rec.message else ""
         log = self.log_dir / f"{rec.name}.log"
         if rec.status == "Failed" and log.exists():
             extra += f" (whole log: {log})"
-        print(f"[{rec.name}] {rec.status}{took}{extra}", flush=True)
+        self._print(f"[{rec.name}] {rec.status}{took}{extra}")
 
     def line(self, step: str, line: str) -> None:
-        if line.startswith(("error:", "stopped:")) or (not self.quiet and line.startswith(SHOWN)):
+        if not (line.startswith(("error:", "stopped:")) or (not self.quiet and line.startswith(SHOWN))):
+            return
+        if self.verbose:
             print(f"[{step}] {line}", flush=True)
+            return
+        for shown in self.rendered.render(step, line):
+            print(shown, flush=True)
 
 
 @contextmanager
 def run_log(path: Path) -> Iterator[None]:
-    """This process's own logging (boto, MLflow, warnings) to runs/<id>/local-run.log, not the console."""
+    """This process's own logging (boto, MLflow, warnings) to runs/<id>/local-run.log, not the console; with
+    what the run said on the terminal (:func:`say`), timestamped. The runner's logger has its own level: building
+    the definition imports pipeline/pipeline.py, which sets the root logger to WARNING (the SageMaker SDK's INFO
+    lines), and the file stayed empty."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    level = root.level
+    root, own = logging.getLogger(), logging.getLogger("local.run")
+    levels = root.level, own.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    own.setLevel(logging.INFO)
     logging.captureWarnings(True)
     try:
         yield
     finally:
         logging.captureWarnings(False)
         root.removeHandler(handler)
-        root.setLevel(level)
+        root.setLevel(levels[0])
+        own.setLevel(levels[1])
         handler.close()
 
 
@@ -404,13 +449,12 @@ def _definition(plan: Plan, run_dir: Path, args: argparse.Namespace) -> dict[str
     if plan.run_id:
         definition = json.loads((run_dir / "pipeline.json").read_text())
         done = [name for name, rec in plan.previous.items() if rec["status"] == "Succeeded"]
-        print(f"local-run {run_id}: resuming ({', '.join(done) or 'no step'} completed before; "
-              f"parameters: {plan.overrides() or 'the defaults'})", flush=True)
+        say(f"local-run {run_id}: resuming ({', '.join(done) or 'no step'} completed before; "
+            f"parameters: {plan.overrides() or 'the defaults'})")
     else:
         definition = build_definition(plan.config, args.definition_out)
         files.write_json(run_dir / "pipeline.json", definition, indent=1)
-        print(f"local-run {run_id}: definition {args.definition_out} ({len(definition['Steps'])} top-level steps)",
-              flush=True)
+        say(f"local-run {run_id}: definition ({len(definition['Steps'])} top-level steps) {args.definition_out}")
     return definition
 
 
@@ -431,12 +475,11 @@ def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> i
     files.write_json(run_dir / RUN_FILE, {**asdict(plan), "run_id": run_id, "previous": None, "outcome": "running"})
     cfg = load(plan.config)[0]
     execution_config = check_params(plan.params, plan.config)
-    print(budget.describe(execution_config.dapo, prices=execution_config.session.prices), flush=True)
+    say(budget.describe_toy(execution_config.dapo))  # the toy's own figures: its model is not served on AWS
     if plan.data:  # checked before anything was created; a resume reads the copies
-        print(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train.jsonl, eval.jsonl)",
-              flush=True)
+        say(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train.jsonl, eval.jsonl)")
     for note in task_notes(task_of(execution_config, toy_data=False)):
-        print(note, flush=True)
+        say(note)
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
     tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), cfg.experiment_name),
                     tracking.ENV_EXPERIMENT: cfg.experiment_name}
@@ -463,10 +506,10 @@ def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> i
     summary = report.summarize(run_dir, ended.records, ended.failure, time.monotonic() - t0, ended.sessions,
                                ended.package, parameters=plan.params, notes=ended.notes, mlflow_status=mlflow,
                                interrupted=ended.interrupted)
-    print(summary, flush=True)
+    say(summary)
     if ended.interrupted:
-        print(f"interrupted: every process this run started has been stopped; continue it with "
-              f"python -m local.run --resume {run_id}", file=sys.stderr, flush=True)
+        say(f"interrupted: every process this run started has been stopped; continue it with: "
+            f"{report.resume_command(run_dir)}", file=sys.stderr)
         return 130
     return 0 if ended.failure is None else 1
 
@@ -479,7 +522,7 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
     from local.stack import LocalStack
 
-    workdir, progress = run_dir / "work", Progress(args.quiet, run_dir / "logs")
+    workdir, progress = run_dir / "work", Progress(args.quiet, run_dir / "logs", args.verbose)
     previous = {name: StepRecord(**rec) for name, rec in plan.previous.items()}
 
     def on_status(rec: StepRecord) -> None:
@@ -487,8 +530,7 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
         files.write_json(run_dir / STEPS_FILE, {**plan.previous, **{n: asdict(r) for n, r in ended.records.items()}})
 
     with LocalStack(log_path=run_dir / "training-session-service.log", state_dir=run_dir / "service-state") as stack:
-        print(f"local-run {run_dir.name}: moto {stack.moto_url}, training-session service {stack.service_url}",
-              flush=True)
+        say(f"local-run {run_dir.name}: moto {stack.moto_url}, training-session service {stack.service_url}")
         env = {**stack.env(), **tracking_env}
         uris = upload_dataset(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
                               plan.seed, plan.data)
@@ -541,7 +583,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except Refused as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted: every process this run started has been stopped", file=sys.stderr)

@@ -119,18 +119,43 @@ def tokens_line(dapo: DapoConfig, b: Budget, prices: Prices | None = None) -> st
     return text + ("; USD at session.prices)" if prices is not None else "; set session.prices to see it in USD)")
 
 
-def describe(dapo: DapoConfig, throughput: Throughput = Throughput(), prices: Prices | None = None) -> str:
-    """Three lines for the console, before anything starts; ``prices`` (session.prices) prices the tokens."""
-    b = worst_case(dapo, throughput)
+def model_name(base_model: str | None) -> str:
+    """The model a Hub ARN (``.../hub-content/SageMakerPublicHub/Model/<name>/<version>``) or name selects."""
+    if not base_model:
+        return "the configured base model"
+    parts = base_model.split("/")
+    return parts[-2] if base_model.startswith("arn:") and len(parts) >= 3 else base_model
+
+
+def _draws(dapo: DapoConfig, b: Budget, prefix: str) -> str:
     per_batch = f"generation batches of {dapo.batch_size} x {dapo.group_size} = {b.samples_per_gen_batch:,} samples"
     if b.max_steps is None:
-        draws = f"cost: each step may draw up to {b.gen_batches_per_step} {per_batch} (dapo.epochs bounds the steps)"
-        total = ""
+        return f"{prefix}each step may draw up to {b.gen_batches_per_step} {per_batch} (dapo.epochs bounds the steps)"
+    return (f"{prefix}a run may draw up to max_steps {b.max_steps} x max_num_gen_batches {b.gen_batches_per_step} "
+            f"= {b.gen_batches:,} {per_batch} ({b.samples:,} samples)")
+
+
+def describe(dapo: DapoConfig, throughput: Throughput = Throughput(), prices: Prices | None = None,
+             base_model: str | None = None) -> str:
+    """Three lines for the console before an execution starts on AWS; ``prices`` (session.prices) prices the
+    tokens. The session time is an estimate at :class:`Throughput`'s figures, labelled with ``base_model``."""
+    b = worst_case(dapo, throughput)
+    total = "" if b.max_steps is None else f"; {b.max_steps} steps: up to {_span(b.max_steps * b.step_seconds)}"
+    time = (f"estimate on AWS for {model_name(base_model)}: a step may take up to {_span(b.step_seconds)} of "
+            f"training-session time{total} (max_tokens {dapo.max_tokens}; at the throughput of a ~30B model on one "
+            "GPU node, pipeline/throughput.py)")
+    return f"{_draws(dapo, b, 'cost: ')}\n{time}\n{tokens_line(dapo, b, prices)}"
+
+
+def describe_toy(dapo: DapoConfig) -> str:
+    """What a local run may draw and bill, as the toy's own figures (the local service counts its tokens as the
+    real one would, and bills no money). No AWS session time: the toy model is not served on AWS, and a ~30B
+    model's hours printed beside a run of seconds read as the toy's."""
+    b = worst_case(dapo)
+    if b.tokens is None:
+        bill = f"each step may bill up to {_counts(b.step_tokens)}"
     else:
-        draws = (f"cost: a run may draw up to max_steps {b.max_steps} x max_num_gen_batches {b.gen_batches_per_step} "
-                 f"= {b.gen_batches:,} {per_batch} ({b.samples:,} samples)")
-        total = f"; {b.max_steps} steps: up to {_span(b.max_steps * b.step_seconds)}"
-    time = (f"cost: a step may take up to {_span(b.step_seconds)} of training-session time{total} "
-            f"(max_tokens {dapo.max_tokens}; the throughput of a ~30B model on one GPU node, "
-            "pipeline/throughput.py)")
-    return f"{draws}\n{time}\n{tokens_line(dapo, b, prices)}"
+        bill = f"its sessions may bill up to {_counts(b.tokens)}, evaluations included"
+    return (f"{_draws(dapo, b, 'toy run: ')}\n"
+            f"toy run: {bill} (the local service's count: no money; every completion max_tokens "
+            f"{dapo.max_tokens} long, prompts of {PROMPT_TOKENS})")

@@ -13,10 +13,12 @@ import difflib
 import json
 import re
 import sys
+import textwrap
 import time
 from typing import Any, Callable, Iterable, Sequence
 
 import boto3
+from botocore.exceptions import ClientError
 
 from pipeline import budget, preflight
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
@@ -35,15 +37,47 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
     typed: dict[str, Any] = {}
     for name, value in params.items():
         if name not in declared:
-            raise UserError(f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)} "
-                            f"(the pipeline has: {', '.join(declared)})")
+            # A short first line; the full list wrapped on the lines after it (16 names: some 200 characters).
+            listed = textwrap.wrap(f"the pipeline has: {', '.join(declared)}", width=96, initial_indent="  ",
+                                   subsequent_indent="    ")
+            raise UserError("\n".join([f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)}",
+                                        *listed]))
         kind = declared[name]
         try:
             typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)
         except ValueError:
             raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
-    source = f"{config_path} + parameters {' '.join(f'{n}={v}' for n, v in params.items())}"
+    # Errors name the file, and the parameters only when there are some (not "config + parameters : ...").
+    given = " ".join(f"{n}={v}" for n, v in params.items())
+    source = f"{config_path} + parameters {given}" if given else config_path
     return config_from_dict(overridden(load_yaml(config_path), typed), source=source)
+
+
+#: A train prefix holding one .jsonl object up to this size is counted before an execution starts (GSM8K's train
+#: split is some 4 MB); several objects or a bigger one are left to ValidateData, which refuses before any session.
+COUNT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def check_batch_size(s3: Any, uri: str, batch_size: int) -> str | None:
+    """A BatchSize larger than the train split is refused here when counting it is cheap (one small object: its
+    non-empty lines, an upper bound of ValidateData's usable rows); otherwise the returned line says that
+    ValidateData refuses it, before any training session starts. None: counted, and it fits."""
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    later = "ValidateData refuses a BatchSize larger than its usable rows, before any training session starts"
+    try:
+        found = [obj for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                 for obj in page.get("Contents", []) if obj["Key"].endswith(".jsonl")]
+        if len(found) != 1 or found[0]["Size"] > COUNT_MAX_BYTES:
+            return (f"BatchSize {batch_size}: the train rows under {uri} are not counted here ({len(found)} "
+                    f"objects); {later}")
+        body = s3.get_object(Bucket=bucket, Key=found[0]["Key"])["Body"]
+        rows = sum(1 for line in body.iter_lines() if line.strip())
+    except ClientError as exc:
+        return f"BatchSize {batch_size}: {uri} could not be read here ({exc.response['Error']['Code']}); {later}"
+    if batch_size > rows:
+        raise UserError(f"BatchSize {batch_size} is larger than the train data: s3://{bucket}/{found[0]['Key']} has "
+                        f"{rows} rows; lower it (PARAMS=\"BatchSize=N\") or upload more data")
+    return None
 
 
 def did_you_mean(name: str, names: Iterable[str]) -> str:
@@ -80,8 +114,12 @@ def start(session: boto3.Session, name: str, region: str, params: dict[str, str]
     if experiment:
         check_experiment(sm, name, experiment)
     preflight.before_start(session, run, config_path, params)
+    note = check_batch_size(session.client("s3"), getattr(run.pipeline, BY_NAME["TrainDataS3Uri"].field),
+                            run.dapo.batch_size)
+    if note:
+        print(note, flush=True)
     # What the execution may bill, before it can.
-    print(budget.describe(run.dapo, prices=run.session.prices), flush=True)
+    print(budget.describe(run.dapo, prices=run.session.prices, base_model=run.session.base_model), flush=True)
     # The config's form of a data prefix ends with '/': s3://b/data/train would also read s3://b/data/train-old/.
     data = {n: getattr(run.pipeline, BY_NAME[n].field) for n in preflight.DATA_PARAMETERS if n in params}
     params = {**params, **data}

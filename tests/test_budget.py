@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import start as start_cmd
-from pipeline.budget import PROMPT_TOKENS, describe, worst_case
+from pipeline.budget import PROMPT_TOKENS, describe, describe_toy, model_name, worst_case
 from pipeline.throughput import Throughput
 from steps.config import DapoConfig, load_config
 from steps.config.models import Prices
@@ -43,7 +43,8 @@ def test_the_message_names_the_settings_and_a_run_bounded_by_epochs():
     text = describe(DapoConfig(max_steps=30, max_num_gen_batches=4, batch_size=16, group_size=8, max_tokens=512))
     assert "a run may draw up to max_steps 30 x max_num_gen_batches 4 = 120 generation batches of 16 x 8 = 128 " \
            "samples (15,360 samples)" in text
-    assert "cost: a step may take up to " in text and "30 steps: up to " in text
+    assert "estimate on AWS for the configured base model: a step may take up to " in text
+    assert "30 steps: up to " in text
     epochs = describe(DapoConfig(max_steps=None, epochs=2))
     assert "each step may draw up to 10 generation batches" in epochs and "dapo.epochs bounds the steps" in epochs
 
@@ -81,4 +82,42 @@ def test_start_pipeline_says_what_it_may_cost_before_it_starts(pipeline_in_moto,
     # The execution's values: the overrides in place, the rest from the config.
     assert (f"a run may draw up to max_steps 30 x max_num_gen_batches {dapo.max_num_gen_batches} = "
             f"{30 * dapo.max_num_gen_batches:,} generation batches of 64 x {dapo.group_size}") in out
-    assert "cost: a step may take up to" in out and "cost: the run's sessions may bill up to " in out
+    # The session time is an estimate, labelled with the model it is for (the config's base model).
+    model = load_config(config).session.base_model.split("/")[-2]
+    assert f"estimate on AWS for {model}: a step may take up to" in out
+    assert "cost: the run's sessions may bill up to " in out
+
+
+def test_the_toy_run_says_its_own_figures_and_no_aws_hours():
+    """A 40-second toy run printed a ~30B model's hours as if they were its own: now only what the toy itself may
+    draw and bill, labelled as the toy's, each line within 100 columns once the runner wraps it."""
+    dapo = DapoConfig(max_steps=30, max_num_gen_batches=24, batch_size=16, group_size=8, max_tokens=512)
+    text = describe_toy(dapo)
+    b = worst_case(dapo)
+    assert text.splitlines()[0].startswith("toy run: a run may draw up to max_steps 30 x max_num_gen_batches 24 ")
+    assert f"toy run: its sessions may bill up to {b.tokens.prefill:,} prefill" in text and "no money" in text
+    assert " h " not in text and " min " not in text and "30B" not in text and "estimate" not in text
+
+
+def test_the_estimate_names_the_model_of_a_hub_arn():
+    arn = "arn:aws:sagemaker:us-west-2:aws:hub-content/SageMakerPublicHub/Model/qwen3-32b/1.0.0"
+    assert model_name(arn) == "qwen3-32b" and model_name("qwen3-32b") == "qwen3-32b"
+    assert "estimate on AWS for qwen3-32b: " in describe(DapoConfig(max_steps=3), base_model=arn)
+
+
+def test_start_refuses_a_batch_larger_than_a_train_file_it_can_count(pipeline_in_moto, config, capsys):
+    """One small train object is counted before the execution starts; with several, the console says that
+    ValidateData refuses it before any session starts."""
+    from pipeline.aws import UserError
+    from tests.test_preflight import BUCKET
+
+    session, sm, name = pipeline_in_moto
+    with pytest.raises(UserError, match=rf"BatchSize 5000 is larger than the train data: s3://{BUCKET}/data/train/"
+                                        r"gsm8k-train\.jsonl has 100 rows; lower it"):
+        start_cmd.start(session, name, REGION, {"BatchSize": "5000"}, str(config))
+    assert sm.list_pipeline_executions(PipelineName=name)["PipelineExecutionSummaries"] == []
+    s3 = session.client("s3")
+    s3.put_object(Bucket=BUCKET, Key="data/train/more.jsonl", Body=b'{"question": "q", "answer": "#### 2"}\n')
+    start_cmd.start(session, name, REGION, {"BatchSize": "5000"}, str(config))
+    assert ("BatchSize 5000: the train rows under s3://" in capsys.readouterr().out and
+            len(sm.list_pipeline_executions(PipelineName=name)["PipelineExecutionSummaries"]) == 1)

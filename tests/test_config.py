@@ -1,6 +1,7 @@
 import pytest
 
 from steps.config import ConfigError, apply_overrides, config_from_dict, load_config
+from steps.config.models import DapoConfig
 
 
 def write(tmp_path, text):
@@ -110,3 +111,36 @@ def test_the_documented_parameter_table_is_the_parameter_table():
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     assert markdown_table() in page
+
+
+@pytest.mark.parametrize("text, first", [
+    ("dapo: {batch_sise: 8}\n", "unknown key 'dapo.batch_sise'; did you mean 'dapo.batch_size'?"),
+    ("dpao: {batch_size: 8}\n", "unknown section 'dpao'; did you mean 'dapo'?"),
+    ("dapo: {zzzzzz: 8}\n", "unknown key 'dapo.zzzzzz'"),
+])
+def test_a_typo_gets_did_you_mean_in_a_short_line_and_every_known_key_after_it(tmp_path, text, first):
+    """The first line says what is wrong and the closest name; the full list follows, wrapped, never a
+    680-character line."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    lines = str(exc.value).splitlines()
+    assert lines[0] == f"{path}: {first}" and all(len(line) < 200 for line in lines)
+    listed = " ".join(lines[1:])
+    known = ["session", "dapo", "pipeline"] if first.startswith("unknown section") else list(DapoConfig.model_fields)
+    assert all(f" {name}," in f" {listed}," for name in known), listed
+    with pytest.raises(ConfigError, match=r"unknown setting 'dapo\.batch_sise'; did you mean 'dapo\.batch_size'\?"):
+        apply_overrides({}, {"dapo.batch_sise": "3"}, "hp")
+
+
+def test_an_error_names_the_parameters_only_when_some_were_given(tmp_path):
+    """Not "config.yaml + parameters : ..." when no parameter was given (issue 29)."""
+    from pipeline.start import check_params
+
+    path = write(tmp_path, "dapo: {batch_size: 0}\n")
+    with pytest.raises(ConfigError) as exc:
+        check_params({}, {"MaxSteps": "Integer"}, str(path))
+    assert str(exc.value).startswith(f"{path}: 'dapo.batch_size' must be >= 1")
+    with pytest.raises(ConfigError) as exc:
+        check_params({"MaxSteps": "3"}, {"MaxSteps": "Integer"}, str(path))
+    assert str(exc.value).startswith(f"{path} + parameters MaxSteps=3: 'dapo.batch_size' must be >= 1")

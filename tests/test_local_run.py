@@ -135,9 +135,9 @@ def test_curves_name_the_run_label_every_axis_and_keep_strict_and_lenient_apart(
                                                                        le.get_alpha())
 
 
-def _run(tmp_path, *extra):
+def _run(tmp_path, *extra, quiet=True):
     return run.main(["--runs-dir", str(tmp_path / "runs"), "--definition-out", str(tmp_path / "pipeline.json"),
-                     "--quiet", *extra])
+                     *(["--quiet"] if quiet else []), *extra])
 
 
 def _run_dir(tmp_path) -> Path:
@@ -147,10 +147,32 @@ def _run_dir(tmp_path) -> Path:
 
 def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     code = _run(tmp_path, "--train-rows", "400", "--eval-rows", "80", "--param", "MaxSteps=15",
-                "--param", "EvalSize=60")
-    out = capsys.readouterr().out
+                "--param", "EvalSize=60", quiet=False)
+    out, err = capsys.readouterr()
     assert code == 0, out
     d = _run_dir(tmp_path)
+    # A person's terminal: every line within 100 columns, one compact line per training step (local/console.py) ...
+    wide = [line for line in (out + err).splitlines() if len(line) > 100]
+    assert not wide, wide
+    compact = re.findall(r"^\[TrainDAPO\] step (\d+)/15  reward \S+  acc \S+  kept \d+/\d+  entropy \S+  "
+                         r"[\d,]+k? tok/s  eta \S+$", out, re.M)
+    assert compact == [str(i) for i in range(1, 16)] and "train: step=" not in out and "sampling: " not in out
+    # ... while the step's log keeps the full lines SageMaker's metric regexes (the definition's own) read.
+    train_log = (d / "logs" / "TrainDAPO.log").read_text()
+    definition = json.loads((tmp_path / "pipeline.json").read_text())
+    [train_step] = [s for s in definition["Steps"] if s["Name"] == "TrainDAPO"]
+    regexes = train_step["Arguments"]["AlgorithmSpecification"]["MetricDefinitions"]
+    assert len(regexes) >= 15
+    records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    for metric in regexes:  # each reads its own figure of every step (a nan is no point, as in CloudWatch)
+        kind, key = metric["Name"].split(":")
+        matched = [float(m.group(1)) for m in re.finditer(metric["Regex"], train_log, re.M)]
+        expected = [r[key] for r in records if r["kind"] == ("eval" if kind == "eval" else "step") and r[key] == r[key]]
+        assert matched and matched == pytest.approx(expected, rel=1e-3, abs=1e-2), metric
+    assert len(re.findall(r"^train: step=\d+ reward_mean=", train_log, re.M)) == 15
+    # The runner's own lines are in local-run.log (it was empty: the root logger was at WARNING).
+    assert "[TrainDAPO] Succeeded in" in (d / "local-run.log").read_text()
+    flat = " ".join(out.split())  # the summary's lines wrapped at 100 columns, read as one
     for name in ("validation.json", "metrics.jsonl", "evaluation.json", "evaluation_base.json", "curves.png",
                  "rollouts.jsonl", "summary.txt"):
         assert (d / name).exists(), name
@@ -159,7 +181,7 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     assert order == ["ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel"]
     # Each step says what it does; EvaluateModel that it evaluates both models.
     assert ("[EvaluateModel] started (Processing): evaluates the base model and the trained adapter, each on the "
-            "first 60 held-out questions\n") in out
+            "first 60 held-out questions [") in flat
     assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", d.name)
     # Every step's whole output and the service's own log are kept (the console showed none of the SDK's lines);
     # train lines end with the progress and the time left.
@@ -189,22 +211,29 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     m, b = trained["metrics"], base["metrics"]
     assert (f"greedy eval accuracy on 60 held-out questions: trained {m['accuracy']['value']:.3f} (95% CI "
             f"{m['accuracy']['ci95_low']:.3f}-{m['accuracy']['ci95_high']:.3f}), base {b['accuracy']['value']:.3f} "
-            f"(95% CI {b['accuracy']['ci95_low']:.3f}-") in out
+            f"(95% CI {b['accuracy']['ci95_low']:.3f}-") in flat
     assert (f"improvement: {100 * gain['value']:+.1f} points (95% CI {100 * gain['ci95_low']:+.1f} to "
-            f"{100 * gain['ci95_high']:+.1f};") in out
-    assert f"pass@4 trained {m['pass_at_k']['value']:.3f}, base {b['pass_at_k']['value']:.3f}" in out
-    assert (f"rollouts: {d / 'rollouts.jsonl'} (64 answers with question, completion, extracted and gold answer, "
-            "reward: in training at steps 10, 15; EvaluateModel's, base and trained side by side)") in out
+            f"{100 * gain['ci95_high']:+.1f};") in flat
+    assert f"pass@4 trained {m['pass_at_k']['value']:.3f}, base {b['pass_at_k']['value']:.3f}" in flat
+    assert ("rollouts: rollouts.jsonl in the run's folder (64 answers with question, completion, extracted and gold "
+            "answer, reward: in training at steps 10, 15; EvaluateModel's, base and trained side by side)") in flat
+    assert f"artifacts in {d}/:" in flat
     steps = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in steps) == 15  # the MaxSteps parameter reached the training job
     assert "left running: 0" in out and "model approved" in out
+    # Its package is not version 1: every step's sampler weights and every checkpoint is a version in the group.
+    version = int(json.loads((d / "model.json").read_text())["model_package_arn"].rsplit("/", 1)[1])
+    assert version > 15 and (f"version {version} of dapo-local; versions 1-{version - 1} are this run's earlier "
+                             "sampler weights and checkpoints") in flat
     # TrainDAPO's and EvaluateModel's sessions are named after their jobs (the orphan sweep finds them); the base
     # model and the trained adapter were evaluated in EvaluateModel's one session.
     names = re.findall(r"(\S+) Stopped", out.split("training sessions created: 2, left running: 0\n", 1)[1])
     assert [n.split("-")[2] for n in names] == ["TrainDAPO", "EvaluateModel"]
-    # What the run may bill, said before it starts: the execution's MaxSteps in place.
-    cost = out.index("cost: a run may draw up to max_steps 15 x max_num_gen_batches ")
-    assert cost < out.index("[ValidateData] started") and "cost: a step may take up to" in out
+    # What the run may bill, said before it starts: the execution's MaxSteps in place; the toy's own figures, no
+    # ~30B model's hours (the toy is not served on AWS).
+    cost = out.index("toy run: a run may draw up to max_steps 15 x max_num_gen_batches ")
+    assert cost < out.index("toy run: its sessions may bill up to ") < out.index("[ValidateData] started")
+    assert "cost: a step may take up to" not in out and " h " not in flat.split("[ValidateData] started")[0]
     assert json.loads((tmp_path / "pipeline.json").read_text())["Version"] == "2020-12-01"
     # What the run billed: each step's session as the service counted it (DescribeTrainingSession), the step's own
     # count the same; in the summary, the registry metadata and (below) the MLflow run.
@@ -212,18 +241,18 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     for step, bill in bills.items():
         count = billing.TokenCount.from_fields(bill)
         assert bill["source"] == billing.SERVICE and bill["client_count"] == count.fields(), bill
-        assert (f"    {step:<14} {count.prefill:,} prefill, {count.sample:,} sample, {count.train:,} train (step's "
-                f"count: the same; session {bill['session']})") in out
+        assert (f"{step} {count.prefill:,} prefill, {count.sample:,} sample, {count.train:,} train (step's "
+                f"count: the same; session {bill['session']})") in flat
     total = billing.TokenCount.from_fields(bills["TrainDAPO"]) + billing.TokenCount.from_fields(trained["billing"])
     assert total.train == bills["TrainDAPO"]["train_tokens"] > 0 and total.prefill > 0
-    assert (f"    in all         {total.prefill:,} prefill, {total.sample:,} sample, {total.train:,} train "
-            "(session.prices unset: no USD figure)") in out
+    assert (f"in all {total.prefill:,} prefill, {total.sample:,} sample, {total.train:,} train "
+            "(session.prices unset: no USD figure)") in flat
     assert (f"billed_prefill_tokens={total.prefill} billed_sample_tokens={total.sample} "
-            f"billed_source={billing.SERVICE} billed_train_tokens={total.train}") in out
+            f"billed_source={billing.SERVICE} billed_train_tokens={total.train}") in flat
 
     # The local MLflow store under the runs dir has the run: its params and one point per step.
     store = f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
-    assert f"mlflow ui --backend-store-uri {store}" in out
+    assert f"mlflow ui --backend-store-uri {store}" in flat
     client = MlflowClient(tracking_uri=store)
     [mlflow_run] = client.search_runs([client.get_experiment_by_name("dapo-local").experiment_id])
     assert mlflow_run.data.params["dapo.max_steps"] == "15"
@@ -264,15 +293,16 @@ def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     code = _run(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "MaxSteps=2",
                 "--param", "EvalSize=40", "--param", "AccuracyThreshold=0.99")
     out = capsys.readouterr().out
+    flat = " ".join(out.split())  # lines wrapped at 100 columns, read as one
     assert code == 1
     accuracy = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())["metrics"]["accuracy"]["value"]
-    fail_line = next(l for l in out.splitlines() if l.startswith("[AccuracyTooLow] Failed"))
+    fail_line = flat.split("[AccuracyTooLow] Failed", 1)[1].split(" == local run")[0]
     assert f"Not approved: accuracy {accuracy:.4f} below AccuracyThreshold 0.99" in fail_line
     assert "held: 2 optimizer steps completed" in fail_line
     assert "ApproveModel" not in out and "[RecordRejection] Succeeded" in out
     assert "model package: Rejected" in out
     assert (_run_dir(tmp_path) / "evaluation_base.json").exists()
-    assert "rejection_reason=accuracy " in out and "below AccuracyThreshold 0.99" in out
+    assert "rejection_reason=accuracy " in flat and "below AccuracyThreshold 0.99" in flat
 
 
 def test_a_run_the_cap_stopped_before_its_first_step_is_never_approved(tmp_path, capsys):
@@ -282,27 +312,24 @@ def test_a_run_the_cap_stopped_before_its_first_step_is_never_approved(tmp_path,
     code = _run(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "GroupSize=2",
                 "--param", "MaxNumGenBatches=1", "--param", "EvalSize=20", "--param", "AccuracyThreshold=0")
     out = capsys.readouterr().out
+    flat = " ".join(out.split())  # lines wrapped at 100 columns, read as one
     assert code == 1
     assert "[CheckAccuracy] Succeeded in" in out and ": false" in out
     assert "[RecordRejection] Succeeded" in out and "ApproveModel" not in out
-    assert "Not approved: no optimizer step completed" in out
-    assert "training STOPPED EARLY after 0 optimizer steps: step 1: only" in out
+    assert "Not approved: no optimizer step completed" in flat
+    assert "training STOPPED EARLY after 0 optimizer steps: step 1: only" in flat
     assert "model package: Rejected" in out
     evaluation = json.loads((_run_dir(tmp_path) / "evaluation.json").read_text())
     assert evaluation["training"]["stopped_early"] is True and evaluation["training"]["steps_completed"] == 0
 
 
-def test_too_little_data_stops_at_validate_with_no_training_session(tmp_path, capsys):
-    code = _run(tmp_path, "--train-rows", "5", "--eval-rows", "20")
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "[ValidateData] Failed" in out and "TrainDAPO" not in out
-    assert "train data has 5 usable rows, fewer than --batch-size 16" in out
-    d = _run_dir(tmp_path)
-    validation = json.loads((d / "validation.json").read_text())
-    assert validation["status"] == "refused"
-    assert "training sessions created: 0" in out
-    assert not (d / "metrics.jsonl").exists()
+def test_a_batch_larger_than_the_toy_data_is_refused_before_anything_starts(tmp_path):
+    """The toy's row count is known before the stack starts: no 38 s wait for ValidateData to refuse it."""
+    for extra, message in (((), "BatchSize 16 is larger than the toy train split (5 rows, --train-rows)"),
+                           (("--param", "BatchSize=5000"), "BatchSize 5000 is larger than the toy train split (2000 ")):
+        with pytest.raises(Refused, match=re.escape(message)):
+            _run(tmp_path, "--train-rows", "5" if not extra else "2000", "--eval-rows", "20", *extra)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "pipeline.json").exists()
 
 
 def _start(tmp_path, *extra):
@@ -310,7 +337,7 @@ def _start(tmp_path, *extra):
     that group."""
     root = Path(__file__).resolve().parents[1]
     return subprocess.Popen([sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"),
-                             "--definition-out", str(tmp_path / "pipeline.json"), *extra],
+                             "--definition-out", str(tmp_path / "pipeline.json"), "--verbose", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root),
                             start_new_session=True)
 
@@ -403,7 +430,11 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     # The summary still came, and the MLflow run ended KILLED; the step stopped on the Ctrl-C (its supervisor
     # forwarded it), stopping its session; the service, which the Ctrl-C does not reach, could still say so.
     run_id = re.search(r"^local-run (\S+):", out, re.M).group(1)
-    assert f"outcome: INTERRUPTED; continue it with: python -m local.run --resume {run_id}" in out
+    # The resume command works from the shell the run was started in: the project venv's python (make's
+    # `make local-run RESUME=<id>` for the project's runs/).
+    resume = f".venv/bin/python -m local.run --runs-dir {tmp_path / 'runs'} --resume {run_id}"
+    assert f"outcome: INTERRUPTED; continue it with: {resume}" in " ".join(out.split())
+    assert resume in " ".join(err.split())
     [killed] = _mlflow_runs(tmp_path)
     assert killed.info.status == "KILLED"
     run_dir = tmp_path / "runs" / run_id
@@ -413,7 +444,8 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     # Resumed: same run id, same MLflow run; ValidateData kept, TrainDAPO from its checkpoint to MaxSteps only.
     assert _run(tmp_path, "--resume", run_id) == 0
     out = capsys.readouterr().out
-    assert f"local-run {run_id}: resuming (ValidateData completed before; parameters: MaxSteps=16 EvalSize=20)" in out
+    assert (f"local-run {run_id}: resuming (ValidateData completed before; parameters: MaxSteps=16 EvalSize=20)"
+            in " ".join(out.split()))
     assert "[ValidateData] Succeeded: kept from the interrupted run (its outputs restored to S3)" in out
     assert "outcome: succeeded, model approved" in out
     attempts = (run_dir / "logs/TrainDAPO.log").read_text().split("== TrainDAPO of ")[1:]

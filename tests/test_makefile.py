@@ -36,6 +36,13 @@ def test_local_run_passes_params_on():
     assert re.search(r"^\S+python -m local\.run\s*$", make("-n", "local-run"), re.M)
 
 
+def test_local_run_resumes_and_is_verbose_from_make():
+    """The resume command a run prints (make local-run RESUME=<id>) works in the shell `make local-run` was typed
+    in: make runs .venv's python."""
+    out = make("-n", "local-run", "RESUME=20261204-184207-a3f2", "VERBOSE=1")
+    assert re.search(r"^\.venv/bin/python -m local\.run\s+--resume 20261204-184207-a3f2 --verbose\s*$", out, re.M), out
+
+
 def test_data_passes_source_on_and_needs_no_download_extra_for_it():
     out = make("-n", "data", "SOURCE=/data/gsm8k", "CONFIG=c.yaml")
     assert re.search(r"python -m pipeline\.data --config c\.yaml --source /data/gsm8k\s*$", out, re.M), out

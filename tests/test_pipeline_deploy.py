@@ -266,7 +266,7 @@ def test_start_passes_parameter_overrides(pipeline_in_moto, config):
     ("params", "message"),
     [
         ({"BatchSzie": "64"},
-         "unknown pipeline parameter 'BatchSzie'; did you mean BatchSize? (the pipeline has: TrainDataS3Uri,"),
+         "unknown pipeline parameter 'BatchSzie'; did you mean BatchSize?\n  the pipeline has: TrainDataS3Uri,"),
         ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
         ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
         ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),
@@ -291,8 +291,9 @@ def test_start_checks_the_data_and_base_model_of_the_execution(pipeline_in_moto,
     session, sm, name = pipeline_in_moto
     calls = record_calls(session)
     start_cmd.start(session, name, REGION, {}, str(config))
-    assert calls[-6:] == ["ListObjectsV2", "ListObjectsV2", "ListHubContents", "DescribeHubContent",
-                          "DescribeHubContent", "StartPipelineExecution"]
+    # The preflight's; then the train file counted against BatchSize (one small object: it is read).
+    assert calls[-8:] == ["ListObjectsV2", "ListObjectsV2", "ListHubContents", "DescribeHubContent",
+                          "DescribeHubContent", "ListObjectsV2", "GetObject", "StartPipelineExecution"]
 
 
 def test_start_sends_a_data_prefix_that_ends_with_a_slash(pipeline_in_moto, config):

@@ -109,8 +109,8 @@ def create_account(session: boto3.Session) -> None:
     s3 = session.client("s3")
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
     for split in ("train", "eval"):
-        row = b'{"question": "q", "answer": "#### 1"}\n'
-        s3.put_object(Bucket=BUCKET, Key=f"data/{split}/gsm8k-{split}.jsonl", Body=row)
+        row = b'{"question": "q", "answer": "#### 1"}\n'  # rows enough for the tests' BatchSize 64
+        s3.put_object(Bucket=BUCKET, Key=f"data/{split}/gsm8k-{split}.jsonl", Body=row * 100)
 
 
 def push_image(session: boto3.Session, repository: str, tag: str) -> None:

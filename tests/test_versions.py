@@ -26,6 +26,10 @@ def test_old_sagemaker_train_is_named(capsys):
     installed = {name: metadata.version(name) for name in ("sagemaker-train", "botocore")}
     assert all(f"{name} {version}" in err for name, version in installed.items())  # installed versions are named
     assert FIX in err and "pip install" in err
+    # The project's venv comes first: the usual cause is a shell without it (issue 29), not an old system SDK.
+    fix = err.split("  fix: ", 1)[1]
+    assert fix.index("make install") < fix.index(".venv/bin/python -m") < fix.index(FIX)
+    assert all(len(line) < 200 for line in err.splitlines())
 
 
 def test_botocore_without_training_session_models(tmp_path):

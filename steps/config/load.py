@@ -1,9 +1,11 @@
 """Reading a config file into :class:`RunConfig`, and turning pydantic's errors into one line per problem."""
 from __future__ import annotations
 
+import difflib
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 from annotated_types import Ge, Gt, Le, Lt
@@ -59,7 +61,9 @@ def _message(section: str, error: dict[str, Any], model: type[Section], source: 
     value = error.get("input")
     kind = error["type"]
     if kind == "extra_forbidden":
-        return f"{source}: unknown key {key} (known keys: {', '.join(model.model_fields)})"
+        return unknown(f"{source}: unknown key", f"{section}.{'.'.join(loc)}",
+                       [f"{section}.{n}" for n in model.model_fields], f"the keys of '{section}'",
+                       shown=list(model.model_fields))
     if kind == "missing":
         return f"{source}: {key} is required (see config/config.yaml.example)"
     if field is None:  # a cross-field rule (model_validator): its own message names the keys
@@ -75,6 +79,19 @@ def _message(section: str, error: dict[str, Any], model: type[Section], source: 
     else:
         rule = f"must be of type {type_name(field.annotation)}"
     return f"{source}: {key} {rule}, got {value!r}"
+
+
+def unknown(what: str, name: str, known: Iterable[str], listed: str, shown: Iterable[str] | None = None) -> str:
+    """``"<what> 'dapo.batch_sise'; did you mean 'dapo.batch_size'?"`` (difflib's closest of ``known``), in a
+    line well under 200 characters, then every one of ``shown`` (default ``known``) wrapped on the lines after."""
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or \
+        difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    match = next((k for k in known if close and k.lower() == close[0].lower()), None)
+    first = f"{what} '{name}'" + (f"; did you mean '{match}'?" if match else "")
+    everything = textwrap.wrap(f"{listed}: {', '.join(shown if shown is not None else known)}", width=96,
+                               initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join([first, *everything])
 
 
 def _build(model: type[Section], section: str, values: Any, source: str) -> Section:
@@ -98,7 +115,7 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str = "<dict>") -> R
         raise ConfigError(f"{source}: the top level must be a mapping with sections {', '.join(SECTIONS)}")
     for section in raw:
         if section not in SECTIONS:
-            raise ConfigError(f"{source}: unknown section '{section}' (known: {', '.join(SECTIONS)})")
+            raise ConfigError(unknown(f"{source}: unknown section", str(section), SECTIONS, "the sections"))
     parts = {name: _build(model, name, raw.get(name) or {}, source)
              for name, model in SECTIONS.items() if name != "pipeline"}
     pipeline = raw.get("pipeline")
@@ -148,7 +165,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any], source
         section, _, name = key.rpartition(".")
         name = name if section else key
         if name not in owner or (section and owner[name] != section):
-            raise ConfigError(f"{source}: unknown setting '{key}' (known: {', '.join(sorted(owner))})")
+            raise ConfigError(unknown(f"{source}: unknown setting", key,
+                                      [*sorted(owner), *(f"{owner[n]}.{n}" for n in sorted(owner))],
+                                      "the settings", shown=sorted(owner)))
         parsed = _parse_scalar(value) if isinstance(value, str) else value
         annotation = SECTIONS[owner[name]].model_fields[name].annotation
         if isinstance(value, str) and annotation in (str, str | None) and parsed is not None:

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 FIX = "pip install 'sagemaker-train>=1.27' 'botocore>=1.44.8,<1.45' 'boto3>=1.44.8,<1.45'"
+#: Where the SDK is on a workstation: the project's venv, which `make install` creates and every make target uses.
+#: A shell without it active (`python -m local.run` in the shell `make local-run` was typed in) has no SDK, and
+#: the fix there is the venv, not a pip install into the system's Python.
+VENV_FIX = "use the project's venv: `make install` once, then the make targets or `.venv/bin/python -m MODULE`"
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ def describe_installed() -> str:
 
 
 def require_training_session_sdk(problems: list[SdkProblem] | None = None) -> None:
-    """Exit with an actionable message unless the training-session API is usable."""
+    """Exit with an actionable message unless the training-session API is usable: the project's venv first (a
+    workstation's usual cause is a shell without it), a pip install for an image or another environment."""
     problems = find_sdk_problems() if problems is None else problems
     if not problems:
         return
@@ -72,6 +77,7 @@ def require_training_session_sdk(problems: list[SdkProblem] | None = None) -> No
     sys.stderr.write(
         "error: the installed AWS SDK cannot use SageMaker training sessions:\n"
         + "\n".join(lines)
-        + f"\n  installed: {describe_installed()}\n  fix: {FIX}\n"
+        + f"\n  installed: {describe_installed()} (for {sys.executable})"
+        + f"\n  fix: {VENV_FIX};\n    elsewhere (an image, another environment): {FIX}\n"
     )
     raise SystemExit(2)
