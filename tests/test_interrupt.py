@@ -44,7 +44,8 @@ def interrupted_run(tmp_path: Path, point: str) -> tuple[int, str, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"), "--definition-out",
          str(tmp_path / "pipeline.json"), "--config", str(small_config(tmp_path)), "--train-rows", "60",
-         "--eval-rows", "10", "--param", "MaxSteps=6", "--param", "BatchSize=4", "--param", "EvalSize=4"],
+         "--eval-rows", "10", "--param", "MaxSteps=6", "--param", "BatchSize=4", "--param", "EvalSize=4",
+         "--verbose"],  # the full step lines: the point is one of them
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), start_new_session=True)
     lines = []
     for line in proc.stdout:
