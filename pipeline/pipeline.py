@@ -435,6 +435,12 @@ def _evaluate_step(
         inputs=[
             _s3_input("model", model, f"{PROC}/input/model"),
             _s3_input("eval", Join(on="/", values=[validated, "eval.jsonl"]), f"{PROC}/input/eval"),
+            # What EvalDataS3Uri names now, and ValidateData's record: a re-evaluation on new held-out data (a
+            # selective execution from EvaluateModel, ValidateData and TrainDAPO kept) is checked by this step
+            # against the questions the adapter trained on; re-running ValidateData would re-run TrainDAPO, which
+            # lies on a path between them (pipeline/reevaluate.py).
+            _s3_input("heldout", params["EvalDataS3Uri"], f"{PROC}/input/heldout"),
+            _s3_input("validated", validated, f"{PROC}/input/validated"),
             *tokenizer_inputs,
         ],
         outputs=[_s3_output("evaluation", _run_prefix(cfg, "EvaluateModel", "evaluation"), EVALUATION_DIR)],
@@ -444,6 +450,8 @@ def _evaluate_step(
             "--output", EVALUATION_DIR,
             "--eval-size", params["EvalSize"].to_string(),
             "--task", params["Task"],
+            "--held-out", f"{PROC}/input/heldout",
+            "--validated", f"{PROC}/input/validated",
             *tokenizer_args,
         ],
     )
