@@ -106,7 +106,7 @@ def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run
     """--eval-data: 8 questions the run never saw and 2 it trained on (one with other case and spacing); the
     re-evaluation evaluates exactly the 8, says so in its validation.json, and training stays as it was."""
     before = digests(run_dir)
-    (trained,) = (run_dir / "work" / "ValidateData").rglob("train.jsonl")
+    (trained,) = [p for p in (run_dir / "work" / "ValidateData").rglob("train.jsonl") if "validated" in p.parts]
     seen = {json.loads(line)["question"] for line in (run_dir / "data" / "eval.jsonl").read_text().splitlines()}
     seen |= {r["question"] for r in read_jsonl(trained)}
     new = [r for r in good_rows(40, who="Quentin") if r["question"] not in seen][:8]
