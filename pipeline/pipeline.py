@@ -158,7 +158,9 @@ STEP_TEXTS: dict[str, tuple[str, str]] = {
         "in one training session of this job's own: greedy answers, and k samples per question at the training "
         "temperature. Writes evaluation.json (for both: strict and lenient accuracy with 95% Wilson intervals, "
         "format error rate, pass@k, maj@k; trained minus base accuracy with an exact McNemar 95% interval; how "
-        "training ended) and rollouts.jsonl; CheckAccuracy reads it as the property file EvaluationReport."),
+        "training ended) and rollouts.jsonl; CheckAccuracy reads it as the property file EvaluationReport. When "
+        "EvalDataS3Uri names other files than ValidateData checked (a re-evaluation on new held-out data), checks "
+        "them itself first and leaves out the questions the adapter trained on (validation.json)."),
     "CheckAccuracy": (
         "Gate-on-accuracy-improvement-and-health",
         "True when all hold: the strict greedy accuracy (metrics.accuracy.value) is at least AccuracyThreshold; "
