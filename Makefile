@@ -25,6 +25,8 @@ N ?= 1
 # make reevaluate: the execution to evaluate again; make local-run REEVALUATE=<run id>: its local twin.
 EXECUTION ?=
 REEVALUATE ?=
+# make local-run REEVALUATE=<run id> EVAL_DATA=<.jsonl file or folder>: new held-out data for the re-evaluation.
+EVAL_DATA ?=
 # `make pipeline-definition` works before config/config.yaml exists.
 DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
 IMAGE_NAME ?= dapo-steps
@@ -52,9 +54,10 @@ test: install ## lint, then the whole offline test suite
 	$(BIN)/python -m pytest -q -n 2
 
 # RESUME=<run-id> continues an interrupted or failed run (runs/<run-id>/) with the parameters it started with.
-# REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed.
+# REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed,
+# EVAL_DATA=<file or dir> new held-out questions (those the adapter trained on are removed).
 local-run: install ## the pipeline here, offline; PARAMS="MaxSteps=5", DATA=dir TASK=name, VERBOSE=1, RESUME=<id>
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)$(if $(EVAL_DATA), --eval-data $(EVAL_DATA))
 
 # Without DATA, a few generated toy rows (GSM8K's format) stand in.
 check-task: install ## three prompts of DATA=dir and the grader's verdict on their gold answers (TASK=name), offline

@@ -1,5 +1,5 @@
-"""``python -m local.run --reevaluate RUN_ID [--param Name=Value ...]``: EvaluateModel and the gate again, on a
-finished local run, without training again.
+"""``python -m local.run --reevaluate RUN_ID [--param Name=Value ...] [--eval-data PATH]``: EvaluateModel and the
+gate again, on a finished local run, without training again.
 
 The local twin of ``make reevaluate`` (pipeline/reevaluate.py, SageMaker's selective execution): the run's own
 definition (runs/<id>/pipeline.json) runs as a new execution (``<run-id>-r<n>``) in which ValidateData and
@@ -11,11 +11,19 @@ the run's ``service-state/`` (the adapter's model package). Everything new goes 
 ``runs/<id>/reevaluations/<n>/``: evaluation.json, evaluation_base.json, predictions.jsonl, rollouts.jsonl, the
 steps' logs, reevaluation.json (what ran, with what, and the verdict before and after) and summary.txt. The model
 package records the new verdict, the earlier one kept (steps/approve.py).
+
+``--eval-data PATH`` (a .jsonl file or a folder of them) is new held-out data: copied to
+``reevaluations/<n>/data/`` and uploaded as the execution's ``EvalDataS3Uri``, as on AWS. EvaluateModel checks it
+(the task's row rules, the grader agreement, the prompt lengths) and removes every question the adapter trained
+on (the run's ValidateData train.jsonl) before evaluating; its report is ``reevaluations/<n>/validation.json``.
+Without it the run's own held-out data (runs/<id>/data/eval.jsonl) is uploaded again: the files ValidateData
+checked, so EvaluateModel evaluates ValidateData's checked copy as the run did.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,10 +33,12 @@ from typing import Any, Callable, ContextManager
 from local.sample import SERVICE_STATE, finished_run
 from pipeline.reevaluate import KEPT, check_overrides, overrides_text, selected_steps
 from steps.cli import Refused, parse_pairs
+from steps.gsm8k.data import DataError, jsonl_files
 from steps.platform import files
 
 FOLDER = "reevaluations"
 RECORD = "reevaluation.json"
+HELD_OUT = "EvalDataS3Uri"
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class Reevaluation:
     config: str
     definition: dict[str, Any] = field(repr=False)
     kept: dict[str, dict[str, Any]] = field(repr=False)  # the kept steps' records (steps.json)
+    eval_data: tuple[Path, ...] = ()  # --eval-data: the new held-out files; () the run's own
 
     @property
     def execution_id(self) -> str:
@@ -81,13 +92,44 @@ def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
                       "is no adapter to re-evaluate")
     definition = json.loads((run_dir / "pipeline.json").read_text())
     params = parse_pairs(args.param, "--param", "MinImprovement=0.1")
+    if HELD_OUT in params:
+        raise Refused(f"--param {HELD_OUT}: a local re-evaluation takes new held-out data as a file or folder: "
+                      f"--eval-data PATH (make local-run REEVALUATE={run_dir.name} EVAL_DATA=PATH)")
     values = {**kept_run["params"], **params}
     local.check_params(values, kept_run["config"])  # names, types, the config's ranges; the data is the run's
-    check_overrides(params, definition)
+    eval_data = held_out_files(getattr(args, "eval_data", None))
+    # New held-out data is EvalDataS3Uri's new value, as on AWS: EvaluateModel must read it in this definition.
+    check_overrides({**params, **({HELD_OUT: "--eval-data"} if eval_data else {})}, definition)
     folder = run_dir / FOLDER
     number = 1 + max((int(p.name) for p in folder.glob("*") if p.name.isdigit()), default=0) if folder.exists() else 1
     return Reevaluation(run_dir, number, params, values, kept_run["config"], definition,
-                        {name: records[name] for name in KEPT})
+                        {name: records[name] for name in KEPT}, eval_data)
+
+
+def held_out_files(path: str | None) -> tuple[Path, ...]:
+    """--eval-data's .jsonl files (the file, or every one under the folder); refused when there are none."""
+    if path is None:
+        return ()
+    try:
+        return tuple(jsonl_files(path))
+    except DataError as exc:
+        raise Refused(f"--eval-data {exc}") from None
+
+
+def upload_held_out(rv: Reevaluation, out: Path, s3: Any, bucket: str) -> str:
+    """EvalDataS3Uri of the re-evaluation: --eval-data's files, copied to ``out/data/`` (what was evaluated stays
+    with the re-evaluation) and uploaded; else the run's own held-out file, uploaded where the run put it."""
+    if rv.eval_data:
+        data = out / "data"
+        data.mkdir()
+        prefix = f"{FOLDER}/{rv.execution_id}/eval"
+        for i, path in enumerate(rv.eval_data):
+            name = f"{i:03d}-{path.name}" if len(rv.eval_data) > 1 else path.name  # sorted as given, never clashing
+            shutil.copyfile(path, data / name)
+            s3.upload_file(str(data / name), bucket, f"{prefix}/{name}")
+        return f"s3://{bucket}/{prefix}/"
+    s3.upload_file(str(rv.run_dir / "data" / "eval.jsonl"), bucket, "data/eval/eval.jsonl")
+    return f"s3://{bucket}/data/eval/"
 
 
 def create_folder(rv: Reevaluation) -> tuple[Reevaluation, Path]:
@@ -100,7 +142,7 @@ def create_folder(rv: Reevaluation) -> tuple[Reevaluation, Path]:
             break
         except FileExistsError:
             number += 1
-    rv = Reevaluation(rv.run_dir, number, rv.params, rv.values, rv.config, rv.definition, rv.kept)
+    rv = Reevaluation(rv.run_dir, number, rv.params, rv.values, rv.config, rv.definition, rv.kept, rv.eval_data)
     return rv, out
 
 
@@ -125,16 +167,19 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun)
     run_id, progress = rv.run_dir.name, local.progress(args.quiet, out / "logs")
     records: dict[str, Any] = {}
     failure, interrupted, sessions, before, after = None, False, None, None, None
-    print(f"re-evaluation {rv.number} of local run {run_id}: {overrides_text(rv.params)}; runs "
-          f"{', '.join(selected_steps(rv.definition))}; keeps {' and '.join(KEPT)} from the run (nothing is trained)",
-          flush=True)
+    held_out = None
+    print(f"re-evaluation {rv.number} of local run {run_id}: {overrides_text(rv.params)}"
+          f"{held_out_text(rv)}; runs {', '.join(selected_steps(rv.definition))}; keeps {' and '.join(KEPT)} from "
+          "the run (nothing is trained)", flush=True)
     with LocalStack(log_path=out / "training-session-service.log", state_dir=rv.run_dir / SERVICE_STATE) as stack:
         env = stack.env()
         before = report.registry_entry(rv.run_dir, env)
-        stack.s3().create_bucket(Bucket=local.bucket_of(rv.definition),
-                                 CreateBucketConfiguration={"LocationConstraint": REGION})
+        bucket = local.bucket_of(rv.definition)
+        stack.s3().create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+        held_out = upload_held_out(rv, out, stack.s3(), bucket)
         execution = LocalExecution(
-            rv.definition, rv.values, stack.s3(), out / "work", env, execution_id=rv.execution_id,
+            rv.definition, {**rv.values, HELD_OUT: held_out}, stack.s3(), out / "work", env,
+            execution_id=rv.execution_id,
             pipeline_name=load(rv.config)[0].name, on_line=progress.line, on_status=progress.status,
             records=records, log_dir=out / "logs",
             previous={name: StepRecord(**rec) for name, rec in rv.kept.items()}, kept_from=rv.run_dir / "work",
@@ -147,12 +192,18 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun)
         except KeyboardInterrupt:
             interrupted = True
         report.collect(out / "work", out)
+        checked = [p for p in (out / "work" / "EvaluateModel").rglob("validation.json") if "input" not in p.parts] \
+            if (out / "work" / "EvaluateModel").exists() else []
+        if checked:  # EvaluateModel's check of new held-out data
+            shutil.copy(checked[0], out / "validation.json")
         sessions = stack.sessions()
         after = report.registry_entry(rv.run_dir, env)
     outcome = "interrupted" if interrupted else "failed" if failure else "succeeded"
     files.write_json(out / RECORD, {
         "run_id": run_id, "number": rv.number, "execution_id": rv.execution_id, "parameters": rv.params,
         "values": rv.values, "selected_steps": selected_steps(rv.definition), "kept_steps": list(KEPT),
+        "eval_data": {"given": [str(p) for p in rv.eval_data], "copied_to": "data/", "s3_uri": held_out,
+                      "validation": "validation.json"} if rv.eval_data else None,
         "outcome": outcome, "failure": None if failure is None else {"step": failure.step, "message": failure.message},
         "verdict_before": verdict(before), "verdict_after": verdict(after), "model_package": after,
         "steps": {name: asdict(rec) for name, rec in records.items()}}, indent=2)
@@ -161,6 +212,25 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun)
         print("interrupted: every process this re-evaluation started has been stopped", file=sys.stderr, flush=True)
         return 130
     return 0 if failure is None else 1
+
+
+def held_out_text(rv: Reevaluation) -> str:
+    if not rv.eval_data:
+        return ""
+    return f"; new held-out data {', '.join(map(str, rv.eval_data))}"
+
+
+def held_out_lines(rv: Reevaluation, out: Path) -> list[str]:
+    """What EvaluateModel made of --eval-data: rows kept, questions the adapter trained on removed; or why it
+    refused."""
+    if not rv.eval_data:
+        return []
+    path = out / "validation.json"
+    if not path.exists():
+        return [f"  held-out data: {held_out_text(rv)[2:]} (not checked: EvaluateModel did not get that far)"]
+    checked = json.loads(path.read_text())
+    return [f"  {checked['message'].splitlines()[0] if checked['status'] == 'accepted' else checked['message']}"
+            f" ({path})"]
 
 
 def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, interrupted: bool,
@@ -174,6 +244,7 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
              f"  parameters: {overrides_text(rv.params)} (the run's: {overrides_text(original)})"]
     lines += [f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}"
               for rec in records.values()]
+    lines += held_out_lines(rv, out)
     lines += report.evaluation_lines(out)
     if interrupted:
         lines.append(f"  outcome: INTERRUPTED; start it again: python -m local.run --reevaluate {rv.run_dir.name}")

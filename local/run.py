@@ -110,6 +110,9 @@ def parser(config: str) -> argparse.ArgumentParser:
                    help="run EvaluateModel and the gate again on the finished run runs/RUN_ID/ with its parameters and "
                         "the --param overrides (EvalSize, AccuracyThreshold, MinImprovement), without training again; "
                         "writes runs/RUN_ID/reevaluations/<n>/")
+    p.add_argument("--eval-data", metavar="PATH",
+                   help="with --reevaluate: new held-out data, a .jsonl file or a folder of them; the questions the "
+                        "adapter trained on are removed from it (reevaluations/<n>/validation.json)")
     return p
 
 
@@ -437,6 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return reevaluate(args, LocalRun(check_params, Progress, announcements, run_log, _bucket_of,
                                          ("config", "resume", *DEFAULTS), RUN_FILE, STEPS_FILE))
+    if args.eval_data is not None:
+        raise Refused(f"--eval-data {args.eval_data} is new held-out data for a re-evaluation: add --reevaluate "
+                      "RUN_ID (a new run takes its data with --data DIR)")
     plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
     run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
     with run_log(run_dir / "local-run.log"):

@@ -159,7 +159,9 @@ STEP_TEXTS: dict[str, tuple[str, str]] = {
         "in one training session of this job's own: greedy answers, and k samples per question at the training "
         "temperature. Writes evaluation.json (for both: strict and lenient accuracy with 95% Wilson intervals, "
         "format error rate, pass@k, maj@k; trained minus base accuracy with an exact McNemar 95% interval; how "
-        "training ended) and rollouts.jsonl; CheckAccuracy reads it as the property file EvaluationReport."),
+        "training ended) and rollouts.jsonl; CheckAccuracy reads it as the property file EvaluationReport. When "
+        "EvalDataS3Uri names other files than ValidateData checked (a re-evaluation on new held-out data), checks "
+        "them itself first and leaves out the questions the adapter trained on (validation.json)."),
     "CheckAccuracy": (
         "Gate-on-accuracy-improvement-and-health",
         "True when all hold: the strict greedy accuracy (metrics.accuracy.value) is at least AccuracyThreshold; "
@@ -437,6 +439,12 @@ def _evaluate_step(
         inputs=[
             _s3_input("model", model, f"{PROC}/input/model"),
             _s3_input("eval", Join(on="/", values=[validated, "eval.jsonl"]), f"{PROC}/input/eval"),
+            # What EvalDataS3Uri names now, and ValidateData's record: a re-evaluation on new held-out data (a
+            # selective execution from EvaluateModel, ValidateData and TrainDAPO kept) is checked by this step
+            # against the questions the adapter trained on; re-running ValidateData would re-run TrainDAPO, which
+            # lies on a path between them (pipeline/reevaluate.py).
+            _s3_input("heldout", params["EvalDataS3Uri"], f"{PROC}/input/heldout"),
+            _s3_input("validated", validated, f"{PROC}/input/validated"),
             *tokenizer_inputs,
         ],
         outputs=[_s3_output("evaluation", _run_prefix(cfg, "EvaluateModel", "evaluation"), EVALUATION_DIR)],
@@ -446,6 +454,8 @@ def _evaluate_step(
             "--output", EVALUATION_DIR,
             "--eval-size", params["EvalSize"].to_string(),
             "--task", params["Task"],
+            "--held-out", f"{PROC}/input/heldout",
+            "--validated", f"{PROC}/input/validated",
             *tokenizer_args,
         ],
     )

@@ -15,10 +15,17 @@ most often makes would retrain. Selective execution names the execution to reuse
 console shows the reused steps as such.
 
 Only a parameter the selected steps read may change (``EvalSize``, ``AccuracyThreshold``, ``MinImprovement``,
-the processing instance and image): one only ValidateData or TrainDAPO read would be silently ignored, so it is
-refused, naming who reads it. New held-out data is such a parameter (EvaluateModel reads ValidateData's checked
-copy of ``EvalDataS3Uri``): re-running ValidateData would re-run TrainDAPO too (a selective execution runs every
-step between two selected ones).
+``EvalDataS3Uri``, the processing instance and image): one only ValidateData or TrainDAPO read would be silently
+ignored, so it is refused, naming who reads it.
+
+New held-out data (``EvalDataS3Uri``) is checked by EvaluateModel, not by a re-run ValidateData: SageMaker's
+selected steps must include "all step(s) in all path(s) between two selected steps" (the API's
+SelectiveExecutionConfig.SelectedSteps), and TrainDAPO lies on the path ValidateData -> TrainDAPO ->
+EvaluateModel, so selecting ValidateData would train again. EvaluateModel reads the data ``EvalDataS3Uri`` names
+and ValidateData's output; when the data is not the files ValidateData checked (their sha256s), it applies the
+task's row rules, the grader agreement and the prompt-length check itself, removes every question the adapter
+trained on (ValidateData's train.jsonl of the source execution) from the held-out rows, and writes its own
+validation.json beside evaluation.json (steps/validate.py ``validate_held_out``).
 
 The local twin is ``python -m local.run --reevaluate RUN_ID``: the same selection and the same check, on a
 finished local run (local/run.py).
@@ -76,8 +83,8 @@ def check_overrides(params: Mapping[str, str], definition: Mapping[str, Any]) ->
     for name in params:
         steps = read.get(name, [])
         if steps and not selected & set(steps):
-            extra = (" (EvaluateModel reads ValidateData's checked copy of the held-out data, and a new ValidateData "
-                     "would mean a new TrainDAPO: a selective execution runs every step between two selected ones)"
+            extra = (" in this definition (built before EvaluateModel read the held-out data itself: deploy the "
+                     "pipeline again, make deploy-pipeline, train, and re-evaluate that execution on new data)"
                      if name == "EvalDataS3Uri" else "")
             raise UserError(f"parameter {name} is read only by {' and '.join(steps)}, which a re-evaluation keeps "
                             f"from the execution it re-evaluates{extra}; it would change nothing here. Train again "
@@ -137,6 +144,9 @@ def reevaluate(session: Any, name: str, source_arn: str, params: dict[str, str],
     steps = selected_steps(definition)
     print(f"re-evaluate: {source_arn} with {overrides_text(params)}; runs {', '.join(steps)}; keeps "
           f"{' and '.join(KEPT)} from it (nothing is trained)", flush=True)
+    if "EvalDataS3Uri" in params:
+        print(f"held-out data: {params['EvalDataS3Uri']}, checked by EvaluateModel against the questions the adapter "
+              "trained on (removed from it; its validation.json says how many)", flush=True)
     response = sm.start_pipeline_execution(
         PipelineName=name,
         PipelineExecutionDescription=f"re-evaluation of {source_arn.rsplit('/', 1)[-1]}: {overrides_text(params)}"[

@@ -58,11 +58,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokenizer", help="directory of the base model's tokenizer files (pipeline.tokenizer_s3_uri); "
                                        "default: the tokenizer the Hub names for the base model")
     p.add_argument("--task", help="the task (the Task parameter; default: task.name of the run's model.json)")
+    p.add_argument("--held-out", help="the held-out data EvalDataS3Uri names now (with --validated): when it is not "
+                                      "what ValidateData checked (a re-evaluation on new data), it is checked here "
+                                      "and evaluated instead of --eval (steps/validate.py validate_held_out)")
+    p.add_argument("--validated", help="ValidateData's output: its validation.json and train.jsonl, the questions "
+                                       "the adapter trained on")
     args = p.parse_args(argv)
     missing = [f"--{name}" for name in ("model", "eval", "output") if getattr(args, name) is None]
     if args.recompute is None and missing:
         p.error(f"the following arguments are required: {', '.join(missing)} (or --recompute DIR)")
     return args
+
+
+def held_out(args: argparse.Namespace, task: Any, tokenizer: Any, cfg: Any) -> tuple[str, dict[str, Any]]:
+    """The held-out data to evaluate and how it was checked (evaluation.json's ``held_out``): ValidateData's
+    checked copy (``--eval``) unless ``--held-out`` holds other data than ValidateData checked, which a
+    re-evaluation on new held-out data does; that is checked here, the questions the adapter trained on removed."""
+    from steps.validate import checked_by_validate, validate_held_out
+
+    if not args.held_out or not args.validated:
+        return args.eval, {"checked_by": "ValidateData"}
+    validated = Path(args.validated)
+    if checked_by_validate(args.held_out, validated):
+        return args.eval, {"checked_by": "ValidateData"}
+    out = Path(args.output)
+    checked = validate_held_out(args.held_out, validated, out, task, tokenizer, cfg.session.chat_template_kwargs)
+    print(checked["message"], flush=True)
+    scan = checked["splits"]["eval"]
+    return str(out / "eval.jsonl"), {"checked_by": "EvaluateModel", "validation": "validation.json",
+                                     "rows": scan["rows"], "kept": scan["kept"],
+                                     "trained_on_removed": checked["overlap"]["count"]}
 
 
 def run_task(model_config: dict[str, Any], name: str | None) -> dict[str, Any]:
@@ -302,14 +327,15 @@ def run(args: argparse.Namespace) -> int:
     size = cfg.dapo.eval_size if args.eval_size is None else args.eval_size
     if size < 0:
         raise Refused(f"--eval-size must be >= 0 (0: every question), got {size}")
-    examples = load_examples(args.eval, task)[: size or None]
-    if not examples:
-        raise Refused(f"{args.eval}: no evaluation examples")
     tokenizer = load_tokenizer(cfg.session.base_model, cfg.session.region, args.tokenizer)
+    eval_path, checked = held_out(args, task, tokenizer, cfg)
+    examples = load_examples(eval_path, task)[: size or None]
+    if not examples:
+        raise Refused(f"{eval_path}: no evaluation examples")
     service = service_client(cfg.session)
     tracker = tracking.resume(model.get("mlflow"))  # the training run, if it was tracked; connects meanwhile
     results, bill = evaluate_in_session(service, cfg, model["model_package_arn"], tokenizer, examples, task)
-    evaluation = report(results, model, cfg, bill)
+    evaluation = {**report(results, model, cfg, bill), "held_out": checked}
     step = int(model.get("steps_completed") or 0)
     # The base model's answers are those of step 0.
     shown = [row for name in MODELS for row in rollouts.rows(results[name].predictions, step if name == "trained"

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,15 @@ from typing import Any
 from steps.cli import Refused, run_step
 from steps.config import ConfigError, TaskConfig, config_from_dict
 from steps.gsm8k.data import DataError, jsonl_files
-from steps.gsm8k.rules import PromptBudget, SplitScan, refusal_problems, scan_split
+from steps.gsm8k.rules import (
+    SHOWN,
+    PromptBudget,
+    SplitScan,
+    agreement_problem,
+    refusal_problems,
+    scan_split,
+    sha256_file,
+)
 from steps.platform import files
 from steps.platform.tokenizer import describe_base_model, load_tokenizer
 from steps.tasks import RowTask, build_task, default_task
@@ -139,6 +148,88 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
         report["message"] = summary(report)
     files.write_json(out_dir / "validation.json", report, indent=2)
     return report
+
+
+# -- re-evaluation: new held-out data for an adapter that has already trained -------------------------------------
+#: How a re-evaluation treats a held-out question the adapter trained on (validation.json's on_overlap).
+REMOVE_FROM_EVAL = "remove-from-eval"
+TRAINED_ON = "trained on"
+
+
+def checked_by_validate(held_out: str, validated: Path) -> bool:
+    """Whether ``held_out`` holds the very files ValidateData checked as its eval split (their sha256s in its
+    validation.json): then its checked copy is the held-out data, and nothing is checked again."""
+    checked = json.loads((validated / "validation.json").read_text())
+    inputs = ((checked.get("splits") or {}).get("eval") or {}).get("inputs") or []
+    try:
+        ours = sorted(sha256_file(f) for f in jsonl_files(held_out))
+    except (DataError, OSError) as exc:
+        raise Refused(f"the held-out data (EvalDataS3Uri): {exc}") from None
+    return ours == sorted(i["sha256"] for i in inputs)
+
+
+def validate_held_out(held_out: str, validated: Path, out_dir: Path, task: RowTask | None = None,
+                      tokenizer: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> dict:
+    """New held-out data for an adapter that already trained (a re-evaluation): the task's row rules and grader
+    agreement as ValidateData applies them, the prompt-length check against the limits ValidateData used (with
+    ``tokenizer``), and every question the adapter trained on (ValidateData's checked ``train.jsonl``, what
+    TrainDAPO read) removed from the held-out rows: training cannot be undone, so the overlap leaves the eval
+    split, not the train split. Writes ``out_dir/validation.json`` and, when accepted, ``out_dir/eval.jsonl``;
+    returns the report. A refusal (no usable row left, or a grader that cannot read the gold answers) raises
+    Refused naming the rows, after writing the report."""
+    task = task or default_task()
+    earlier = json.loads((validated / "validation.json").read_text())
+    limits = earlier.get("prompt_budget")
+    budget = (PromptBudget(tokenizer, chat_template_kwargs or {}, limits["max_tokens"], limits["context_tokens"],
+                           limits["source"]) if limits and tokenizer is not None else None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trained_path = validated / "train.jsonl"
+    with open(os.devnull, "w") as nowhere:  # only the questions' digests are wanted
+        trained = scan_split("trained", str(trained_path), nowhere, task=task)
+    scans: dict[str, SplitScan] = {}
+    try:
+        with files.atomic_open(out_dir / "eval.jsonl") as eval_out:
+            scan = scans["eval"] = scan_split("eval", held_out, eval_out, eval_digests=trained.digests, budget=budget,
+                                              task=task, overlap_reason=TRAINED_ON)
+            problems = [p for p in (agreement_problem(scan, task.name),) if p]
+            if scan.kept == 0:
+                problems.append(f"the held-out data has no usable rows: {scan.rows} read, {scan.rejected} rejected "
+                                f"({scan.reasons_text()}), {scan.overlap} asked questions the adapter trained on\n"
+                                + "\n".join(f"    {r}" for r in (scan.first_rejected + scan.first_overlap)[:SHOWN])
+                                + "\n  fix: give held-out questions the adapter did not train on, in rows the "
+                                  f"{task.name} task can read")
+            if problems:
+                raise DataError("\n- ".join(problems))
+    except DataError as exc:
+        status, message = "refused", f"validation refused the held-out data:\n- {exc}"
+    else:
+        status, message = "accepted", ""
+    report = build_report(status, message, 0, REMOVE_FROM_EVAL, scans, budget, task)
+    report.pop("batch_size")  # nothing trains on this data
+    report["mode"] = "re-evaluation"
+    report["trained_on"] = {"file": str(trained_path), "sha256": sha256_file(trained_path), "rows": trained.kept}
+    scan_ = scans.get("eval")
+    report["overlap"] = {"count": scan_.overlap if scan_ else 0, "action": "removed from eval",
+                         "first_rows": [{"file": r.file, "line": r.line} for r in scan_.first_overlap] if scan_
+                         else []}
+    if status == "accepted":
+        report["message"] = held_out_summary(report)
+    else:
+        (out_dir / "eval.jsonl").unlink(missing_ok=True)
+    files.write_json(out_dir / "validation.json", report, indent=2)
+    if status != "accepted":
+        raise Refused(message)
+    return report
+
+
+def held_out_summary(report: dict) -> str:
+    s, agreement = report["splits"]["eval"], report["grader_agreement"]
+    reasons = ", ".join(f"{r} {n}" for r, n in s["rejected_by_reason"].items())
+    return (f"held-out data accepted: {s['kept']}/{s['rows']} rows kept"
+            + (f" (rejected: {reasons})" if reasons else "")
+            + f"; {report['overlap']['count']} questions the adapter trained on removed from eval; task "
+              f"{report['task']['name']}: the grader agrees with {agreement['agreed']} of {agreement['checked']} "
+              "gold answers")
 
 
 def _positive_int(text: str) -> int:

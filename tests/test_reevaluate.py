@@ -9,6 +9,8 @@
   would ignore, before anything starts;
 - ``make reevaluate EXECUTION=<arn>`` (pipeline.reevaluate) starts a selective execution in moto with the source
   execution's parameters and refuses a parameter no selected step reads;
+- new held-out data (``EvalDataS3Uri``, locally ``--eval-data``) is checked by EvaluateModel: the questions the
+  adapter trained on leave the eval split (steps/validate.py ``validate_held_out``), the rest is evaluated;
 - steps.approve keeps every earlier verdict (moto's registry replaces metadata, the local service merges it).
 """
 from __future__ import annotations
@@ -27,10 +29,11 @@ from local import sample as local_sample
 from local.training_session.models import PackageRegistry
 from pipeline import reevaluate, sample
 from pipeline.aws import UserError
-from steps import approve
+from steps import approve, validate
 from steps.cli import Refused
 from tests.test_approve import EXECUTION, write_inputs
 from tests.test_pipeline_definition import local_build
+from tests.test_validate import good_rows, read_jsonl, row, write_jsonl
 
 REGION = "us-west-2"
 LOCAL = str(Path(__file__).resolve().parents[1] / "config" / "local.yaml")
@@ -42,6 +45,7 @@ def sample_and_reevaluate(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     both: a run costs a minute here, and a module fixture would be one per pytest-xdist worker)."""
     sample_prints_the_adapters_completions_and_stops_its_session(run_dir, capsys)
     reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir, capsys)
+    reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run_dir, capsys)
 
 
 def digests(run_dir: Path) -> dict[str, str]:
@@ -98,6 +102,96 @@ def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path
     assert "training sessions created: 1, left running: 0" in out  # EvaluateModel's; TrainDAPO's was not created
 
 
+def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run_dir: Path, capsys) -> None:
+    """--eval-data: 8 questions the run never saw and 2 it trained on (one with other case and spacing); the
+    re-evaluation evaluates exactly the 8, says so in its validation.json, and training stays as it was."""
+    before = digests(run_dir)
+    (trained,) = [p for p in (run_dir / "work" / "ValidateData").rglob("train.jsonl") if "validated" in p.parts]
+    seen = {json.loads(line)["question"] for line in (run_dir / "data" / "eval.jsonl").read_text().splitlines()}
+    seen |= {r["question"] for r in read_jsonl(trained)}
+    new = [r for r in good_rows(40, who="Quentin") if r["question"] not in seen][:8]
+    assert len(new) == 8
+    trained_rows = read_jsonl(trained)[:2]
+    trained_rows[1] = {**trained_rows[1], "question": "  " + trained_rows[1]["question"].upper()}
+    held_out = write_jsonl(run_dir.parent / "new-held-out" / "test.jsonl", [new[0], trained_rows[0], *new[1:5],
+                                                                             trained_rows[1], *new[5:]])
+    capsys.readouterr()
+    code = run.main(["--runs-dir", str(run_dir.parent), "--quiet", "--reevaluate", run_dir.name,
+                     "--eval-data", str(held_out.parent), "--param", "EvalSize=0", "--param", "MinImprovement=1"])
+    out = capsys.readouterr().out
+    assert code == 1, out  # MinImprovement 1: rejected, whatever 8 questions show
+    assert digests(run_dir) == before
+    folder = run_dir / "reevaluations" / "2"
+    evaluation = json.loads((folder / "evaluation.json").read_text())
+    assert evaluation["n"] == 8 and evaluation["base"]["n"] == 8
+    assert [p["question"] for p in map(json.loads, (folder / "predictions.jsonl").read_text().splitlines())] == \
+        [r["question"] for r in new]
+    assert evaluation["held_out"] == {"checked_by": "EvaluateModel", "validation": "validation.json", "rows": 10,
+                                      "kept": 8, "trained_on_removed": 2}
+    checked = json.loads((folder / "validation.json").read_text())
+    assert checked["status"] == "accepted" and checked["overlap"]["count"] == 2
+    assert checked["overlap"]["action"] == "removed from eval"
+    assert [r["line"] for r in checked["overlap"]["first_rows"]] == [2, 7]
+    assert checked["grader_agreement"]["checked"] == 10 and checked["trained_on"]["rows"] == len(read_jsonl(trained))
+    assert read_jsonl(folder / "data" / "test.jsonl") == read_jsonl(held_out)  # what was evaluated stays with it
+    record = json.loads((folder / "reevaluation.json").read_text())
+    assert record["eval_data"]["given"] == [str(held_out)] and record["steps"]["TrainDAPO"]["message"].startswith(
+        "kept from run")
+    assert "held-out data accepted: 8/10 rows kept; 2 questions the adapter trained on removed from eval" in out
+    assert "training sessions created: 1, left running: 0" in out
+
+
+# -- the held-out check of a re-evaluation, as a function ----------------------------------------------------------
+def validated_run(tmp_path: Path) -> tuple[Path, Path]:
+    """ValidateData's output of a small run (its train split is what the adapter trained on) and its eval file."""
+    eval_file = write_jsonl(tmp_path / "data" / "eval.jsonl", good_rows(3, who="Zed"))
+    train = write_jsonl(tmp_path / "data" / "train.jsonl", good_rows(6))
+    out = tmp_path / "validated"
+    assert validate.validate(str(train), str(eval_file), 2, out)["status"] == "accepted"
+    return out, eval_file
+
+
+def test_held_out_data_is_checked_again_only_when_it_is_not_what_validate_checked(tmp_path):
+    validated, eval_file = validated_run(tmp_path)
+    assert validate.checked_by_validate(str(eval_file), validated)
+    assert validate.checked_by_validate(str(eval_file.parent / "eval.jsonl"), validated)
+    other = write_jsonl(tmp_path / "new" / "eval.jsonl", good_rows(2, who="Bo"))
+    assert not validate.checked_by_validate(str(other), validated)
+    with pytest.raises(Refused, match="the held-out data \\(EvalDataS3Uri\\): .*no such file"):
+        validate.checked_by_validate(str(tmp_path / "missing"), validated)
+
+
+def test_held_out_rows_the_adapter_trained_on_leave_the_eval_split_and_the_rest_is_validated(tmp_path):
+    validated, _ = validated_run(tmp_path)
+    trained = read_jsonl(validated / "train.jsonl")
+    rows = [*good_rows(2, who="Bo"), {**trained[3], "question": trained[3]["question"].lower()},
+            row("What is 3 + 4?", "seven"), *good_rows(4, who="Bo")[2:]]
+    out = tmp_path / "evaluation"
+    report = validate.validate_held_out(str(write_jsonl(tmp_path / "new.jsonl", rows)), validated, out)
+    assert read_jsonl(out / "eval.jsonl") == good_rows(4, who="Bo")
+    assert report["status"] == "accepted" and report["on_overlap"] == "remove-from-eval"
+    assert report["overlap"] == {"count": 1, "action": "removed from eval",
+                                 "first_rows": [{"file": str(tmp_path / "new.jsonl"), "line": 3}]}
+    assert report["splits"]["eval"]["rejected"] == 1 and report["kept"] == {"eval": 4}
+    assert report["trained_on"]["rows"] == 6 and report["mode"] == "re-evaluation"
+    assert json.loads((out / "validation.json").read_text()) == report
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("trained", "the held-out data has no usable rows: 6 read, 0 rejected .none., 6 asked questions the adapter "
+                "trained on"),
+    ([row(f"What is {i} + 4?", "about seven") for i in range(4)], "grader cannot read the gold answers of eval"),
+])
+def test_held_out_data_that_leaves_nothing_to_evaluate_is_refused_naming_rows(tmp_path, rows, message):
+    validated, _ = validated_run(tmp_path)
+    rows = read_jsonl(validated / "train.jsonl") if rows == "trained" else rows
+    out = tmp_path / "evaluation"
+    with pytest.raises(Refused, match=message):
+        validate.validate_held_out(str(write_jsonl(tmp_path / "new.jsonl", rows)), validated, out)
+    assert json.loads((out / "validation.json").read_text())["status"] == "refused"
+    assert not (out / "eval.jsonl").exists()
+
+
 def fake_finished_run(runs: Path) -> Path:
     """What plan() reads of a finished run, without running one: the refusals come before anything starts."""
     run_dir = runs / "20261206-000000-abcd"
@@ -119,12 +213,21 @@ def fake_finished_run(runs: Path) -> Path:
     (["--param", "MaxSteps=5"], "read only by TrainDAPO"),
     (["--param", "MinImprovement=2"], "'pipeline.min_improvement' must be"),
     (["--train-rows", "10"], "drop --train-rows"),
+    (["--param", "EvalDataS3Uri=s3://b/new/"], "--param EvalDataS3Uri: a local re-evaluation takes new held-out "
+                                                "data as a file or folder: --eval-data PATH"),
+    (["--eval-data", "/nonexistent/heldout"], "--eval-data /nonexistent/heldout: no such file or directory"),
 ])
 def test_reevaluation_refuses_what_it_would_ignore_before_creating_anything(tmp_path, args, message):
     run_dir = fake_finished_run(tmp_path)
     with pytest.raises(Refused, match=message):
         run.main(["--runs-dir", str(tmp_path), "--reevaluate", run_dir.name, *args])
     assert not (run_dir / "reevaluations").exists()
+
+
+def test_eval_data_belongs_to_a_reevaluation(tmp_path):
+    with pytest.raises(Refused, match="--eval-data x.jsonl is new held-out data for a re-evaluation: add --reevaluate"):
+        run.main(["--runs-dir", str(tmp_path), "--eval-data", "x.jsonl"])
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("change, message", [
@@ -191,8 +294,43 @@ def test_reevaluate_starts_a_selective_execution_with_the_source_parameters(depl
     assert "keeps ValidateData and TrainDAPO from it (nothing is trained)" in capsys.readouterr().out
 
 
+def test_reevaluate_on_new_held_out_data_is_the_same_selective_execution_with_the_new_uri(deployed, capsys):
+    """SageMaker runs every step on a path between two selected ones: selecting ValidateData would select TrainDAPO
+    (ValidateData -> TrainDAPO -> EvaluateModel), so the new data goes to EvaluateModel, which checks it itself."""
+    session, sm, source, sent = deployed
+    arn = reevaluate.reevaluate(session, "dapo-local", source, {"EvalDataS3Uri": "s3://dapo-local/new-heldout/"},
+                                LOCAL)
+    (request,) = sent
+    assert [s["StepName"] for s in request["SelectiveExecutionConfig"]["SelectedSteps"]] == [
+        "EvaluateModel", "CheckAccuracy", "ApproveModel", "RecordRejection", "AccuracyTooLow"]
+    assert request["SelectiveExecutionConfig"]["SourcePipelineExecutionArn"] == source
+    recorded = sm.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {p["Name"]: p["Value"] for p in recorded} == {"MaxSteps": "40",
+                                                         "EvalDataS3Uri": "s3://dapo-local/new-heldout/"}
+    assert "held-out data: s3://dapo-local/new-heldout/, checked by EvaluateModel" in capsys.readouterr().out
+    # ... because EvaluateModel reads it beside ValidateData's output, whose train split it removes from it.
+    definition = local_build()["definition"]
+    (evaluate,) = [s for s in definition["Steps"] if s["Name"] == "EvaluateModel"]
+    inputs = {i["InputName"]: i["S3Input"]["S3Uri"] for i in evaluate["Arguments"]["ProcessingInputs"]}
+    assert inputs["heldout"] == {"Get": "Parameters.EvalDataS3Uri"}
+    assert inputs["validated"] == {"Get": "Steps.ValidateData.ProcessingOutputConfig.Outputs['validated'].S3Output."
+                                          "S3Uri"}
+    args = evaluate["Arguments"]["AppSpecification"]["ContainerArguments"]
+    assert args[args.index("--held-out") + 1] == "/opt/ml/processing/input/heldout"
+
+
+def test_a_definition_whose_evaluate_does_not_read_the_held_out_data_refuses_new_data():
+    """A pipeline deployed before EvaluateModel checked held-out data itself: EvalDataS3Uri would change nothing."""
+    definition = local_build()["definition"]
+    (evaluate,) = [s for s in definition["Steps"] if s["Name"] == "EvaluateModel"]
+    evaluate["Arguments"]["ProcessingInputs"] = [i for i in evaluate["Arguments"]["ProcessingInputs"]
+                                                 if i["InputName"] != "heldout"]
+    with pytest.raises(UserError, match="EvalDataS3Uri is read only by ValidateData, .* in this definition "
+                                        "\\(built before EvaluateModel read the held-out data itself"):
+        reevaluate.check_overrides({"EvalDataS3Uri": "s3://b/new/"}, definition)
+
+
 @pytest.mark.parametrize("params, message", [
-    ({"EvalDataS3Uri": "s3://dapo-local/other/"}, "EvalDataS3Uri is read only by ValidateData"),
     ({"LearningRate": "0.001"}, "read only by TrainDAPO"),
     ({"MinImprovement": "2"}, "'pipeline.min_improvement' must be"),
 ])

@@ -201,13 +201,14 @@ def read_example(task: Any, scan: SplitScan, line: RawLine) -> Any:
 
 
 def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None = None,
-               budget: PromptBudget | None = None, task: Any = None) -> SplitScan:
+               budget: PromptBudget | None = None, task: Any = None, overlap_reason: str = "also in eval") -> SplitScan:
     """Stream one split, write its clean rows to ``out``, and count the rest.
 
     ``eval_digests`` (train only) are the eval questions: a train row asking one
     of them is an overlap, left out of ``out`` and counted separately. With a
     ``budget``, a question the model cannot take with ``max_tokens`` to answer is rejected.
     ``task`` (steps/tasks; default GSM8K) reads the rows and grades each one's gold answer.
+    ``overlap_reason`` names an overlap in ``first_overlap`` (a re-evaluation's held-out split: "trained on").
     """
     if task is None:
         from steps.tasks import default_task
@@ -236,7 +237,7 @@ def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None
         if eval_digests is not None and digest in eval_digests:
             scan.overlap += 1
             if len(scan.first_overlap) < FIRST_N:
-                scan.first_overlap.append(Rejection(line.file, line.line_no, "also in eval"))
+                scan.first_overlap.append(Rejection(line.file, line.line_no, overlap_reason))
             continue
         out.write(_ENCODER.encode(line.row) + "\n")
         scan.kept += 1
