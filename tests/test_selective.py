@@ -73,6 +73,9 @@ def test_the_exploration_probabilities_adapt_toward_the_target():
         state = sel.after_step(state, [group(4, WRONG)], step, settings)
     assert (state.p_easy, state.p_hard) == pytest.approx((0.7, 0.2))
     assert sel.after_step(state, [], 12, settings) == state  # nothing sampled: no evidence, nothing moves
+    # A step whose draws the history had no say in (no prompt predicted all-equal) moves nothing.
+    quiet = sel.after_step(state, [group(9, WRONG)], 13, settings, had_a_say=False)
+    assert (quiet.p_easy, quiet.p_hard) == (state.p_easy, state.p_hard) and quiet.history.of(9) == (sel.ALL_WRONG, 1)
 
 
 def test_the_selector_skips_predicted_all_equal_prompts_and_explores_some():

@@ -194,7 +194,7 @@ class Trainer:
             self._selected[state.step + 1] = {
                 **selector.figures(), "observed_keep_rate": batch.informative / sampled if sampled else math.nan}
             filled = replace(filled, selective=after_step(state.selective, batch.sampled, state.step + 1,
-                                                          self.selective))
+                                                          self.selective, selector.explored + selector.skipped > 0))
         return Filled(batch, filled)
 
     def _launch(self, sampler: SamplerAt, cursor: Cursor, selector: Selector | None = None) -> GenerationBatch:

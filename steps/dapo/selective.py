@@ -153,11 +153,15 @@ def adjusted(p: float, share: float, target: float, settings: Settings) -> float
     return min(p + settings.p_step, settings.p_max)
 
 
-def after_step(state: SkipState, groups: Sequence[Group], step: int, settings: Settings) -> SkipState:
+def after_step(state: SkipState, groups: Sequence[Group], step: int, settings: Settings,
+               had_a_say: bool = True) -> SkipState:
     """The state once a step's sampled ``groups`` are graded: their outcomes recorded and, if any were
-    sampled, each exploration probability moved toward its share of the target."""
+    sampled and the history had a say in drawing them (``had_a_say``: a prompt drawn was predicted
+    all-equal), each exploration probability moved toward its share of the target. Steps before any prompt
+    recurs move nothing, as GRESO adapts only after its first epoch: otherwise a run's first epoch, with
+    nothing to skip, would push both probabilities to ``p_max`` before the history could use them."""
     history = state.history.observed(groups, step)
-    if not groups:
+    if not groups or not had_a_say:
         return replace(state, history=history)
     p_easy, p_hard = state.probabilities(settings)
     zero = [g for g in groups if not g.is_informative()]
