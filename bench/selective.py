@@ -203,10 +203,13 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
     cfg = load_config(LOCAL_CONFIG, {"seed": seed, "max_steps": TOY_STEPS, "eval_every": TOY_EVAL_STEPS[0],
                                      "save_every": TOY_STEPS, "selective_rollouts": selective})
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
+    drawn: list[tuple[int, bool]] = []  # (prompt, mixed) of every group sampled, in order
     trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
                       train_examples=train, eval_examples=evaluation,
                       metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: None),
-                      checkpoint_dir=workdir / "ckpt")
+                      checkpoint_dir=workdir / "ckpt",
+                      on_batch=lambda step, batch: drawn.extend((g.example_index, g.is_informative())
+                                                                for g in batch.sampled))
     try:
         outcome = trainer.run(LoopState(seed=seed))
     finally:
@@ -222,7 +225,25 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
             "sampled_completion_tokens": sampled, "trained_tokens": trained,
             "billed_sample_tokens": steps[-1]["sample_tokens"] if steps else 0,
             "groups_sampled": sum(r["groups_sampled"] for r in steps),
-            "skipped_prompts": sum(r.get("skipped_prompts", 0) for r in steps)}
+            "skipped_prompts": sum(r.get("skipped_prompts", 0) for r in steps),
+            "consistency": temporal_consistency(drawn)}
+
+
+def temporal_consistency(drawn: Sequence[tuple[int, bool]]) -> dict[str, Any]:
+    """How well a prompt's last group predicted its next, over consecutive draws of the same prompt: the chance
+    it kept its character, and its chance of being mixed after a mixed group and after an all-equal one. GRESO's
+    premise is that the last two differ widely; where they are alike, the history cannot tell what to skip."""
+    last: dict[int, bool] = {}
+    pairs: list[tuple[bool, bool]] = []
+    for prompt, mixed in drawn:
+        if prompt in last:
+            pairs.append((last[prompt], mixed))
+        last[prompt] = mixed
+    after_mixed = [b for a, b in pairs if a]
+    after_equal = [b for a, b in pairs if not a]
+    return {"pairs": len(pairs), "kept_character": sum(a == b for a, b in pairs) / len(pairs) if pairs else None,
+            "mixed_after_mixed": sum(after_mixed) / len(after_mixed) if after_mixed else None,
+            "mixed_after_all_equal": sum(after_equal) / len(after_equal) if after_equal else None}
 
 
 def measure_toy(progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -271,7 +292,8 @@ def toy_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def render(results: dict[str, Any]) -> str:
     """The section of bench/README.md: the bench's comparisons and the toy's, with the targets met or missed."""
     sel = results.get("selective", {})
-    lines = [f"Run of {sel.get('date', '?')}; `python -m bench.selective` took {sel.get('seconds', 0):.0f} s."]
+    took = ", ".join(f"{k.split('_', 1)[1]} {v:.0f} s" for k, v in sel.items() if k.startswith("seconds_"))
+    lines = [f"Run of {sel.get('date', '?')}; `python -m bench.selective` took {took or '?'} (this machine, shared)."]
     bench = sel.get("bench")
     if bench:
         lines += ["", f"The `default` loop at the cost model's default costs, batch 32 x group 8, "
@@ -348,11 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only in (None, "toy"):
             sel["toy"] = measure_toy()
         sel["date"], sel["seconds"] = datetime.date.today().isoformat(), time.monotonic() - t0
-        results["selective"] = sel
-        # Re-read before writing: only the "selective" key is this module's.
-        current = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-        current["selective"] = sel
-        path.write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
+        # Re-read before writing: only the "selective" key is this module's, and of it only the parts measured now.
+        results = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        measured = {k: v for k, v in sel.items() if k in ("bench", "toy") and (args.only in (None, k))}
+        results["selective"] = {**results.get("selective", {}), **measured, "date": sel["date"],
+                                f"seconds_{args.only or 'all'}": sel["seconds"]}
+        path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     body = render(results)
     update_readme(HERE / "README.md", body)
     print(body)

@@ -115,3 +115,29 @@ def test_the_floor_keeps_every_prompt_reachable():
     rng = np.random.default_rng(0)
     kept = sum(selector.keep(0, rng) for _ in range(4000))
     assert 150 <= kept <= 250  # 5% of 4000, give or take
+
+
+def test_the_figures_are_appended_to_the_train_line_and_reach_every_tracker(tmp_path):
+    """After every existing field (the CloudWatch regexes read the line), before progress; metrics.jsonl and the
+    trackers (MLflow: ``step/skipped_prompts`` ...) get them as any figure."""
+    from steps.dapo import metrics
+
+    lines, tracked = [], []
+
+    class Tracker:
+        def log_metrics(self, record, step):
+            tracked.append(record)
+
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append, trackers=[Tracker()], total_steps=2)
+    record = {**{k: 0.5 for k in metrics.TRAIN_FIELDS + metrics.TOKEN_FIELDS}, "step": 1,
+              "skipped_prompts": 12, "predicted_keep_rate": 0.75, "observed_keep_rate": 0.625,
+              "exploration_share": 0.25}
+    log.step(record)
+    before = metrics.line("train", record, metrics.TRAIN_FIELDS + metrics.TOKEN_FIELDS)
+    assert lines[0].startswith(before + " skipped_prompts=12 predicted_keep_rate=0.7500 observed_keep_rate=0.6250 "
+                               "exploration_share=0.2500 progress=1/2")
+    assert metrics.read(tmp_path / "metrics.jsonl")[0]["skipped_prompts"] == 12
+    assert tracked[0]["step/exploration_share"] == 0.25
+    # Off (no selective figures in the record): the line is what it was.
+    log.step({k: v for k, v in record.items() if k not in metrics.SELECTIVE_FIELDS})
+    assert lines[1].startswith(before + " progress=")
