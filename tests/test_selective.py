@@ -141,3 +141,14 @@ def test_the_figures_are_appended_to_the_train_line_and_reach_every_tracker(tmp_
     # Off (no selective figures in the record): the line is what it was.
     log.step({k: v for k, v in record.items() if k not in metrics.SELECTIVE_FIELDS})
     assert lines[1].startswith(before + " progress=")
+
+
+def test_the_local_runs_summary_gives_sampled_per_trained_tokens():
+    from local.report import sampled_per_trained_lines
+
+    off = [{"sampled_completion_tokens": 300, "tokens": 100}, {"sampled_completion_tokens": 100, "tokens": 100}]
+    assert sampled_per_trained_lines(off) == ["  sampled tokens per trained token: 2.00 (selective rollouts off)"]
+    on = [{**r, "skipped_prompts": n} for r, n in zip(off, (0, 7))]
+    assert sampled_per_trained_lines(on) == [
+        "  sampled tokens per trained token: 2.00 (selective rollouts on: 7 prompts skipped)"]
+    assert sampled_per_trained_lines([{"tokens": 5}]) == []  # a record without the figure (an older run): no line
