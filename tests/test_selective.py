@@ -98,16 +98,6 @@ def test_the_selector_skips_predicted_all_equal_prompts_and_explores_some():
     assert again == indices
 
 
-def test_a_prompt_is_sampled_once_a_step_however_many_epochs_its_draws_cross():
-    history = sel.PromptHistory().observed([group(i, RIGHT) for i in range(1, 10)], step=1)
-    selector = sel.Selector(sel.Settings(enabled=True, explore_p=0.05, p_min=0.05, keep_floor=0.01),
-                            sel.SkipState(history))
-    cursor = Cursor(DataPosition(), 0)
-    first, _ = cursor.next(10, 2, seed=0, selector=selector)  # prompt 0 (never sampled) and, maybe, an explored one
-    second, _ = cursor.next(10, 2, seed=0, selector=selector)  # the same step: several epochs further
-    assert 0 in first and 0 not in second and not set(first) & set(second)
-
-
 def test_a_batch_is_filled_even_when_every_prompt_is_predicted_all_equal():
     history = sel.PromptHistory().observed([group(i, RIGHT) for i in range(10)], step=1)
     settings = sel.Settings(enabled=True, explore_p=0.05, p_min=0.05, keep_floor=0.01)
@@ -121,9 +111,9 @@ def test_the_floor_keeps_every_prompt_reachable():
     """Over many draws a prompt with an endless all-equal streak is still sampled about floor of the time."""
     history = sel.PromptHistory(np.array([sel.ALL_WRONG], np.uint8), np.array([60_000], np.uint16),
                                 np.array([1], np.int32))
-    settings, state = sel.Settings(enabled=True, keep_floor=0.05), sel.SkipState(history, 0.05, 0.05)
+    selector = sel.Selector(sel.Settings(enabled=True, keep_floor=0.05), sel.SkipState(history, 0.05, 0.05))
     rng = np.random.default_rng(0)
-    kept = sum(sel.Selector(settings, state).keep(0, rng) for _ in range(4000))  # 4000 steps drawing it once
+    kept = sum(selector.keep(0, rng) for _ in range(4000))
     assert 150 <= kept <= 250  # 5% of 4000, give or take
 
 

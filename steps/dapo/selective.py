@@ -182,15 +182,9 @@ class Selector:
     explored: int = 0  # predicted all-equal, sampled anyway
     picked: int = 0
     predicted_mixed: int = 0  # picked prompts last mixed or never sampled
-    chosen: set[int] = field(default_factory=set)
 
     def keep(self, index: int, rng: np.random.Generator) -> bool:
-        """Whether drawn prompt ``index`` is sampled (counted either way). A prompt already sampled this step is
-        passed over: when most prompts are skipped a step's draws run through several epochs, and without this
-        the few prompts predicted mixed would be sampled, and trained, several times in one step (on the learning
-        toy that cost 5 points of greedy accuracy at step 30)."""
-        if index in self.chosen:
-            return False
+        """Whether drawn prompt ``index`` is sampled (counted either way)."""
         outcome, streak = self.state.history.of(index)
         p_easy, p_hard = self.state.probabilities(self.settings)
         chance = keep_probability(outcome, streak, p_easy, p_hard, self.settings.keep_floor)
@@ -198,7 +192,6 @@ class Selector:
             self.skipped += 1
             return False
         self.picked += 1
-        self.chosen.add(index)
         if chance < 1.0:
             self.explored += 1
         else:
