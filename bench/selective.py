@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -160,7 +162,17 @@ def measure_bench(progress: Callable[[str], None] = print,
     takes the same path whatever the selective code does, and its 5% keep runs are the bench's longest."""
     costs = loops.base_costs()
     tokenizer = load_tokenizer(None, None, HF_FILES)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    try:
+        _measure_bench(runs, costs, tokenizer, progress, reuse)
+    except subprocess.TimeoutExpired as exc:  # the service took over 30 s to stop (a loaded machine): runs are done
+        progress(f"selective: the local service was slow to stop ({exc}); the measurements are complete")
+    return {"costs": costs.to_dict(), "steps": STEPS, "window": WINDOW, "first_line": FIRST_LINE,
+            "rows_per_kept": ROWS_PER_KEPT, "runs": runs, "comparisons": bench_comparisons(runs)}
+
+
+def _measure_bench(runs: list[dict[str, Any]], costs: Costs, tokenizer: Any, progress: Callable[[str], None],
+                   reuse: Sequence[dict[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as tmp, local_service() as service:
         train_path, _ = write_split(tmp, 2000, 0, seed=3)
         examples = load_examples(train_path)
@@ -186,8 +198,26 @@ def measure_bench(progress: Callable[[str], None] = print,
                         runs.append(result)
         finally:
             service.set_costs(Costs.from_mapping(saved))
-    return {"costs": costs.to_dict(), "steps": STEPS, "window": WINDOW, "first_line": FIRST_LINE,
-            "rows_per_kept": ROWS_PER_KEPT, "runs": runs, "comparisons": bench_comparisons(runs)}
+
+
+LINE = re.compile(r"selective: consistency=(?P<consistency>[\d.]+) keep=(?P<keep>\d+)% selective=(?P<selective>\w+) "
+                  r"step=(?P<step_s>[\d.]+)s \((?P<steps_per_hour>\d+)/h\) "
+                  r"sampled/trained=(?P<sampled_per_trained>[\d.]+) "
+                  r"groups/step=(?P<groups_sampled_mean>\d+) skipped/step=(?P<skipped_prompts_mean>\d+) "
+                  r"keep=(?P<observed_keep_rate>[\d.]+)")
+
+
+def runs_from_log(text: str) -> list[dict[str, Any]]:
+    """The bench's runs as its progress lines give them (rounded as printed), for a run whose process died after
+    measuring (``--from-log``): the summaries' other figures are not in the lines."""
+    runs = []
+    for m in LINE.finditer(text):
+        spec = BenchSpec(float(m["consistency"]), int(m["keep"]) / 100, m["selective"] == "True")
+        summary = {k: float(m[k]) for k in ("step_s", "steps_per_hour", "sampled_per_trained", "groups_sampled_mean",
+                                            "skipped_prompts_mean", "observed_keep_rate")}
+        runs.append({"spec": {**asdict(spec), "rows": spec.rows, "steps": STEPS}, "summary": summary,
+                     "source": "progress line"})
+    return runs
 
 
 def bench_comparisons(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -311,7 +341,10 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", f"The `default` loop at the cost model's default costs, batch 32 x group 8, "
                   f"{bench['steps']}-step "
                   f"runs timed over a balanced window of {bench['window']} steps from train line "
-                  f"{bench['first_line']} on; training set {bench['rows_per_kept']} / keep questions.", "",
+                  f"{bench['first_line']} on; training set {bench['rows_per_kept']} / keep questions."
+                  + (f" Figures from the {bench['source']} (its process failed in the local service's shutdown "
+                     "once every run was measured; the other per-run figures were lost)." if bench.get("source")
+                     else ""), "",
                   "| consistency | keep | steps/h without | steps/h with | speedup | target | sampled/trained without "
                   "| with | groups sampled a step without | with | skipped a step |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -381,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", choices=("toy", "bench"), help="measure one part; the other's figures are kept")
     p.add_argument("--reuse-without", action="store_true",
                    help="bench: keep the stored runs without skipping, measure only those with it")
+    p.add_argument("--from-log", metavar="PATH",
+                   help="bench: take the runs from a measuring run's output (its progress lines), measuring nothing")
     p.add_argument("--render", action="store_true", help="re-render bench/README.md's section from results.json")
     args = p.parse_args(argv)
     path = HERE / "results.json"
@@ -390,15 +425,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         sel = dict(results.get("selective", {}))
         if args.only in (None, "bench"):
             stored = results.get("selective", {}).get("bench", {}).get("runs", []) if args.reuse_without else []
-            sel["bench"] = measure_bench(reuse=[r for r in stored if not r["spec"]["selective"]])
+            if args.from_log:
+                runs = runs_from_log(Path(args.from_log).read_text(encoding="utf-8"))
+                sel["bench"] = {"steps": STEPS, "window": WINDOW, "first_line": FIRST_LINE,
+                                "rows_per_kept": ROWS_PER_KEPT, "runs": runs, "comparisons": bench_comparisons(runs),
+                                "source": "progress lines of the measuring run"}
+            else:
+                sel["bench"] = measure_bench(reuse=[r for r in stored if not r["spec"]["selective"]])
         if args.only in (None, "toy"):
             sel["toy"] = measure_toy()
         sel["date"], sel["seconds"] = datetime.date.today().isoformat(), time.monotonic() - t0
         # Re-read before writing: only the "selective" key is this module's, and of it only the parts measured now.
         results = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
         measured = {k: v for k, v in sel.items() if k in ("bench", "toy") and (args.only in (None, k))}
-        results["selective"] = {**results.get("selective", {}), **measured, "date": sel["date"],
-                                f"seconds_{args.only or 'all'}": sel["seconds"]}
+        results["selective"] = {**results.get("selective", {}), **measured, "date": sel["date"]}
+        if not args.from_log:
+            results["selective"][f"seconds_{args.only or 'all'}"] = sel["seconds"]
         path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     body = render(results)
     update_readme(HERE / "README.md", body)
