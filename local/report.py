@@ -187,6 +187,7 @@ def training_lines(run_dir: Path) -> list[str]:
             lines.append(f"  training: {len(steps)} steps, sampled accuracy {first['accuracy']:.2f} -> "
                          f"{last['accuracy']:.2f}, filtered fraction {first['filtered_frac']:.2f} -> "
                          f"{last['filtered_frac']:.2f}")
+            lines += sampled_per_trained_lines(steps)
     model = _model(run_dir)
     if model.get("stopped_early"):
         lines.append(f"  training STOPPED EARLY after {model.get('steps_completed')} optimizer steps: "
@@ -202,6 +203,19 @@ def resume_command(run_dir: Path) -> str:
     if run_dir.parent.resolve() == (ROOT / "runs").resolve():
         return f"make local-run RESUME={run_dir.name}"
     return f".venv/bin/python -m local.run --runs-dir {run_dir.parent} --resume {run_dir.name}"
+
+
+def sampled_per_trained_lines(steps: Sequence[dict[str, Any]]) -> list[str]:
+    """Completion tokens sampled per completion token trained over the run, and what selective rollouts skipped
+    when they were on (``make bench`` measures the same run without them: bench/README.md)."""
+    sampled = sum(r.get("sampled_completion_tokens", 0) for r in steps)
+    trained = sum(r.get("tokens", 0) for r in steps)
+    if not sampled or not trained:
+        return []
+    skipping = any("skipped_prompts" in r for r in steps)
+    how = (f"selective rollouts on: {sum(r.get('skipped_prompts', 0) for r in steps)} prompts skipped"
+           if skipping else "selective rollouts off")
+    return [f"  sampled tokens per trained token: {sampled / trained:.2f} ({how})"]
 
 
 def outcome(run_dir: Path, records: dict[str, Any], failure: Any, interrupted: bool) -> str:

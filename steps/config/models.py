@@ -121,11 +121,25 @@ class DapoConfig(Section):
     guard_max_truncated_frac: float = Field(0.5, ge=0, le=1)
     guard_format_error_rise: float = Field(0.2, gt=0, le=1)
     guard_accuracy_drop: float = Field(0.05, gt=0, le=1)
+    # Selective rollouts (steps/dapo/selective.py, GRESO): prompts whose recent groups were all-equal are skipped
+    # before sampling with a probability that adapts toward a target share of zero-variance groups sampled.
+    selective_rollouts: bool = False
+    selective_target_zero_variance: float = Field(0.25, ge=0, le=1)
+    selective_explore_p: float = Field(0.5, gt=0, le=1, json_schema_extra={"why": "a probability"})
+    selective_p_step: float = Field(0.01, ge=0, le=1)
+    selective_p_min: float = Field(0.05, gt=0, le=1, json_schema_extra={"why": "a probability"})
+    selective_p_max: float = Field(0.95, gt=0, le=1, json_schema_extra={"why": "a probability"})
+    # The exploration floor: no prompt's chance of being sampled falls below it, so none is starved for ever.
+    selective_keep_floor: float = Field(0.01, gt=0, le=1, json_schema_extra={"why": "0 could starve a prompt"})
 
     @model_validator(mode="after")
     def _consistent(self) -> "DapoConfig":
         if self.max_steps is None and self.epochs is None:
             raise ValueError("set 'dapo.max_steps' or 'dapo.epochs' (both are null)")
+        if not self.selective_p_min <= self.selective_explore_p <= self.selective_p_max:
+            raise ValueError(f"'dapo.selective_explore_p' ({self.selective_explore_p}) must lie between "
+                             f"'dapo.selective_p_min' ({self.selective_p_min}) and "
+                             f"'dapo.selective_p_max' ({self.selective_p_max})")
         if self.overlong_buffer >= self.max_tokens:
             raise ValueError(f"'dapo.overlong_buffer' ({self.overlong_buffer}) must be smaller than "
                              f"'dapo.max_tokens' ({self.max_tokens})")

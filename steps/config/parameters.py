@@ -32,7 +32,8 @@ class Parameter:
         return self.key.split(".", 1)[1]
 
     def default(self, run: RunConfig) -> Any:
-        return getattr(getattr(run, self.section), self.field)
+        value = getattr(getattr(run, self.section), self.field)
+        return int(value) if isinstance(value, bool) else value  # a switch is an Integer 0/1 parameter
 
 
 PARAMETERS = (
@@ -46,6 +47,8 @@ PARAMETERS = (
     Parameter("MaxSteps", "dapo.max_steps", "Integer", "optimizer steps"),
     Parameter("LearningRate", "dapo.learning_rate", "Float", "Adam rate, in (0, 0.01] (the API's range)"),
     Parameter("MaxNumGenBatches", "dapo.max_num_gen_batches", "Integer", "generation batches one step may draw"),
+    Parameter("SelectiveRollouts", "dapo.selective_rollouts", "Integer",
+              "1: skip prompts whose recent groups were all-equal before sampling (GRESO); 0: off"),
     Parameter("ClipLowThreshold", "dapo.clip_low_threshold", "Float", "PPO ratio lower bound (DAPO: 0.8)"),
     Parameter("ClipHighThreshold", "dapo.clip_high_threshold", "Float", "PPO ratio upper bound (DAPO: 1.28)"),
     Parameter("EvalSize", "dapo.eval_size", "Integer", "held-out questions evaluated (0: all)"),

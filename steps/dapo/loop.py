@@ -30,6 +30,7 @@ from steps.dapo.metrics import MetricsLog, sampling_figures, train_figures
 from steps.dapo.reward import RewardShaping
 from steps.dapo.sampling import GenerationBatch, GroupSampler, StepBatch, collect_step
 from steps.dapo.schedule import OFF_POLICY_LIMIT, Filled, PendingCheckpoint, Policy, Schedule, Update
+from steps.dapo.selective import Selector, Settings, after_step
 from steps.dapo.state import Cursor, LoopState
 from steps.dapo.task import Task
 from steps.platform.billing import TokenMeter
@@ -96,6 +97,8 @@ class Trainer:
         self.limits = guards.Limits.from_config(cfg)
         self._latest: SamplerAt | None = None  # the last sampler made (a fill sampling ahead may make it first)
         self._in_flight: tuple[GenerationBatch, ...] = ()  # spares still running when the last step was full
+        self.selective = Settings.from_config(cfg)
+        self._selected: dict[int, dict[str, Any]] = {}  # each step's selective-rollout figures, until its record
         self.sampler = GroupSampler(
             task=self.task, tokenizer=self.tokenizer, examples=self.train_examples, group_size=cfg.group_size,
             params=SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
@@ -159,7 +162,9 @@ class Trainer:
         with schedule.untimed():
             self.metrics.step({**record, **train_figures(batch, samples, fb_out.metrics, schedule.lap(), update,
                                                          dropped), **health, **self.meter.figures(),
-                              "sampled_ahead": int(filled.ahead)})
+                              "sampled_ahead": int(filled.ahead), **self._selected.pop(update, {}),
+                              "sampled_completion_tokens": sum(len(r.tokens) for g in batch.sampled
+                                                               for r in g.rollouts)})
         # save: written once its save_state is done, behind the next step's sampling
         if save:
             schedule.checkpoint(submitted, trained)
@@ -172,6 +177,7 @@ class Trainer:
         and the wait for its update; batches started once it is done sample its weights."""
         cfg = self.cfg
         cursor = Cursor(state.position, state.gen_batches_drawn)
+        selector = Selector(self.selective, state.selective) if self.selective.enabled else None
         current = [sampler]
         # The previous step's spares still running: theirs if not too stale for this step (else left to finish).
         running = tuple(b for b in self._in_flight if state.step - b.sampler_step <= OFF_POLICY_LIMIT)
@@ -180,18 +186,26 @@ class Trainer:
             assert overlapping is not None
             current[0] = self._sampler(overlapping[0], overlapping[1]()[1])
 
-        batch = collect_step(lambda: self._launch(current[0], cursor), state.carry, cfg.batch_size,
+        batch = collect_step(lambda: self._launch(current[0], cursor, selector), state.carry, cfg.batch_size,
                              cfg.max_num_gen_batches, self.policy.batches_to_launch,
                              (state.kept_groups, state.sampled_groups), newer_weights if overlapping else None,
                              running, spares=state.step + 1 < total_steps(cfg, len(self.train_examples)))
         self._in_flight = batch.in_flight
-        return Filled(batch, replace(state, position=cursor.position, gen_batches_drawn=cursor.drawn,
-                                     kept_groups=state.kept_groups + batch.informative,
-                                     sampled_groups=state.sampled_groups + len(batch.sampled)))
+        filled = replace(state, position=cursor.position, gen_batches_drawn=cursor.drawn,
+                         kept_groups=state.kept_groups + batch.informative,
+                         sampled_groups=state.sampled_groups + len(batch.sampled))
+        if selector is not None:  # the graded groups go into the prompts' history, the probabilities adapt
+            sampled = len(batch.sampled)
+            self._selected[state.step + 1] = {
+                **selector.figures(), "observed_keep_rate": batch.informative / sampled if sampled else math.nan}
+            filled = replace(filled, selective=after_step(state.selective, batch.sampled, state.step + 1,
+                                                          self.selective, selector.explored + selector.skipped > 0))
+        return Filled(batch, filled)
 
-    def _launch(self, sampler: SamplerAt, cursor: Cursor) -> GenerationBatch:
-        """The next generation batch, every request of it on the service before any is awaited."""
-        indices, seed = cursor.next(len(self.train_examples), self.cfg.batch_size, self.cfg.seed)
+    def _launch(self, sampler: SamplerAt, cursor: Cursor, selector: Selector | None = None) -> GenerationBatch:
+        """The next generation batch, every request of it on the service before any is awaited; with a
+        ``selector`` (selective rollouts), prompts predicted all-equal are skipped as they are drawn."""
+        indices, seed = cursor.next(len(self.train_examples), self.cfg.batch_size, self.cfg.seed, selector)
         batch = self.sampler.launch(sampler.client, indices, seed, sampler.step)
         for future in batch.futures:
             future.operation_id  # noqa: B018 - blocks until the submit round trip is done

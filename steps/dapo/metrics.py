@@ -37,6 +37,10 @@ EVAL_FIELDS = ("step", "accuracy")
 # client count, steps/platform/billing.py; sampling ahead, the next step's sampling is in it), and with
 # session.prices their cost.
 TOKEN_FIELDS = ("prefill_tokens", "sample_tokens", "train_tokens", "cost_usd")
+# Appended after TOKEN_FIELDS when selective rollouts are on (steps/dapo/selective.py): prompts skipped as the
+# step's generation batches were drawn, the share of its sampled prompts predicted mixed (last group mixed, or
+# never sampled) and the share observed mixed (its keep rate), and the share sampled though predicted all-equal.
+SELECTIVE_FIELDS = ("skipped_prompts", "predicted_keep_rate", "observed_keep_rate", "exploration_share")
 
 
 def sampling_figures(step: int, batch: StepBatch) -> dict[str, Any]:
@@ -136,7 +140,7 @@ class MetricsLog:
     def step(self, record: dict[str, Any]) -> None:
         self._step_seconds.append(float(record["seconds"]))
         fields = tuple(k for k in TRAIN_FIELDS if k in record or k not in MEASURED_WHERE_POSSIBLE) + tuple(
-            k for k in TOKEN_FIELDS if k in record)
+            k for k in TOKEN_FIELDS + SELECTIVE_FIELDS if k in record)
         self.print_fn(line("train", record, fields) + progress(record["step"], self.total_steps, self._step_seconds))
         self._write("step", record)
 

@@ -4,7 +4,8 @@ SageMaker syncs the checkpoint dir (/opt/ml/checkpoints) to S3 and restores it
 when a job is retried. The state names the saved training state (a model
 package holding weights and Adam moments) and how many steps it contains, where
 the data order stands, the sampling-seed counter, the kept groups carried into
-the next step, the keep-rate evidence and the health guards' counts. It is written atomically
+the next step, the keep-rate evidence, the health guards' counts and the prompts' history of selective
+rollouts (steps/dapo/selective.py). It is written atomically
 (``steps/platform/files.py``), so a kill mid-write leaves the previous checkpoint intact.
 
 The data order: each epoch is a fresh permutation drawn from ``(seed, epoch)``,
@@ -23,6 +24,7 @@ import numpy as np
 from steps.cli import Refused
 from steps.dapo.guards import GuardState
 from steps.dapo.sampling import Group, Rollout, derived_seed
+from steps.dapo.selective import Selector, SkipState, draw
 from steps.dapo.task import Grade
 from steps.platform import files
 
@@ -64,10 +66,21 @@ class Cursor:
     position: DataPosition
     drawn: int
 
-    def next(self, n_examples: int, batch_size: int, seed: int) -> tuple[list[int], int]:
-        """The next generation batch's example indices and its sampling seed."""
-        indices, self.position = take(n_examples, batch_size, seed, self.position)
+    def next(self, n_examples: int, batch_size: int, seed: int,
+             selector: Selector | None = None) -> tuple[list[int], int]:
+        """The next generation batch's example indices and its sampling seed; with a ``selector``, the prompts
+        it skips are passed over (they count as drawn: the epoch moves on past them)."""
         batch_seed = derived_seed(seed, self.drawn)
+        if selector is None:
+            indices, self.position = take(n_examples, batch_size, seed, self.position)
+        else:
+            rng = np.random.default_rng([seed, self.drawn, 31])  # seeded per batch: a resume skips the same
+
+            def more(n: int) -> list[int]:
+                out, self.position = take(n_examples, n, seed, self.position)
+                return out
+
+            indices = draw(more, batch_size, lambda i: selector.keep(i, rng), limit=n_examples)
         self.drawn += 1
         return indices, batch_seed
 
@@ -89,13 +102,14 @@ class LoopState:
     stop_reason: str = ""
     guard: str = ""  # the health guard that stopped the run (steps/dapo/guards.py), or ""
     guard_state: GuardState = GuardState()  # the guards' counts, so a resumed run keeps them
+    selective: SkipState = SkipState()  # the prompts' history and exploration probabilities (selective rollouts)
 
     def with_saved_state(self, arn: str) -> "LoopState":
         return replace(self, state_model_package_arn=arn)
 
 
 def to_json(state: LoopState) -> dict[str, Any]:
-    return {"version": VERSION, **asdict(state)}
+    return {"version": VERSION, **asdict(replace(state, selective=SkipState())), "selective": state.selective.to_json()}
 
 
 def _group(raw: dict[str, Any]) -> Group:
@@ -114,6 +128,7 @@ def from_json(raw: dict[str, Any]) -> LoopState:
     fields["carry"] = tuple(_group(g) for g in fields["carry"])
     # Absent from checkpoints written before the guards: a resumed run then starts their counts afresh.
     fields["guard_state"] = GuardState.from_json(fields.get("guard_state"))
+    fields["selective"] = SkipState.from_json(fields.get("selective"))
     return LoopState(**fields)
 
 
