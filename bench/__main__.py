@@ -28,7 +28,7 @@ from steps.platform.tokenizer import load_tokenizer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LOOP_SPECS = [loops.LoopSpec(loop, keep, sc.name) for sc in loops.SCENARIOS for keep in loops.KEEP_RATES
+LOOP_SPECS = [loops.LoopSpec(loop, keep, sc.name) for sc in loops.SCENARIOS for keep in sc.keeps
               for loop in loops.LOOPS]
 
 
@@ -39,11 +39,12 @@ def measure_loops(tokenizer: Any) -> dict[str, Any]:
         train, evaluation = load_examples(train_path), load_examples(eval_path)
         client = service_client(load_config(loops.LOCAL_CONFIG).session)
         runs = loops.run_all(LOOP_SPECS, service, client, tokenizer, train, base)
+        floors = loops.with_floors(runs, base)
         learned = parity.measure(client, tokenizer, train, evaluation)
-    scenarios = [{"name": sc.name, "what": sc.what, "costs": sc.costs(base).to_dict(),
+    scenarios = [{"name": sc.name, "what": sc.what, "keeps": list(sc.keeps), "costs": sc.costs(base).to_dict(),
                   "changed": {k: v for k, v in sc.costs(base).to_dict().items() if v != base.to_dict()[k]}}
                  for sc in loops.SCENARIOS]
-    return {"base_costs": base.to_dict(), "scenarios": scenarios, "runs": runs, "parity": learned}
+    return {"base_costs": base.to_dict(), "scenarios": scenarios, "runs": runs, "floors": floors, "parity": learned}
 
 
 def window_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
