@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +35,24 @@ LOOP_SPECS = [loops.LoopSpec(loop, keep, sc.name) for sc in loops.SCENARIOS for 
               for loop in loops.LOOPS]
 
 
+#: Processes measuring the loops at once (``BENCH_JOBS``), each with a local service of its own, while this one
+#: measures parity: the figures are simulated time, so this changes the bench's wall time only.
+JOBS = int(os.environ.get("BENCH_JOBS") or os.cpu_count() or 1)
+
+
 def measure_loops(tokenizer: Any) -> dict[str, Any]:
     base = loops.base_costs()
-    with tempfile.TemporaryDirectory() as tmp, local_service() as service:
-        train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
-        train, evaluation = load_examples(train_path), load_examples(eval_path)
-        client = service_client(load_config(loops.LOCAL_CONFIG).session)
-        runs = loops.run_all(LOOP_SPECS, service, client, tokenizer, train, base)
-        floors = loops.with_floors(runs, base)
-        learned = parity.measure(client, tokenizer, train, evaluation)
+    chunks = [LOOP_SPECS[i::JOBS] for i in range(JOBS)]
+    with ProcessPoolExecutor(JOBS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        workers = [pool.submit(loops.measure_runs, chunk, base) for chunk in chunks if chunk]
+        with tempfile.TemporaryDirectory() as tmp, local_service():
+            train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
+            train, evaluation = load_examples(train_path), load_examples(eval_path)
+            client = service_client(load_config(loops.LOCAL_CONFIG).session)
+            learned = parity.measure(client, tokenizer, train, evaluation)
+        done = {json.dumps(r["spec"], sort_keys=True): r for w in workers for r in w.result()}
+    runs = [done[json.dumps(asdict(spec), sort_keys=True)] for spec in LOOP_SPECS]  # in the matrix's order
+    floors = loops.with_floors(runs, base)
     scenarios = [{"name": sc.name, "what": sc.what, "keeps": list(sc.keeps), "costs": sc.costs(base).to_dict(),
                   "changed": {k: v for k, v in sc.costs(base).to_dict().items() if v != base.to_dict()[k]}}
                  for sc in loops.SCENARIOS]

@@ -377,6 +377,23 @@ def with_floors(runs: list[dict[str, Any]], base: Costs) -> list[dict[str, Any]]
     return floors
 
 
+def measure_runs(specs: Sequence[LoopSpec], base: Costs) -> list[dict[str, Any]]:
+    """``specs`` run one after another against a local service of their own (a worker of ``make bench``: the
+    figures are simulated time, so workers running at once change the bench's wall time, not its figures)."""
+    from bench.service import local_service
+    from local.toy_data import write_split
+    from local.training_session.toy.tokenizer import HF_FILES
+    from steps.gsm8k.data import load_examples
+    from steps.platform.session import service_client
+    from steps.platform.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None, None, HF_FILES)
+    with tempfile.TemporaryDirectory() as tmp, local_service() as service:
+        train_path, _ = write_split(tmp, 2000, 200, seed=3)
+        client = service_client(load_config(LOCAL_CONFIG).session)
+        return run_all(specs, service, client, tokenizer, load_examples(train_path), base)
+
+
 def run_all(specs: Sequence[LoopSpec], service: Service, client: Any, tokenizer: Any,
             examples: Sequence[Example], base: Costs, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Each spec on a session of its own, created under its scenario's costs; the service's settings restored after."""
