@@ -341,3 +341,21 @@ def test_through_the_sdk_virtual_time_passes_only_while_the_client_waits(local_s
         costed = _admin(local_service.url)[1]["sessions"][sampler.training_session_name]
     longest = max(len(seq.tokens) for seq in response.sequences)
     assert costed["simulated_s"] >= longest * 10 and waited < longest * 10
+
+
+def test_a_client_declares_its_waiting_threads_over_the_wire(local_service):
+    def threads(body) -> tuple[int, dict]:
+        request = urllib.request.Request(f"{local_service.url}/_admin/clock/threads", data=json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, body = threads({"delta": 1})
+    assert status == 200 and body["virtual_clock"]["client_threads"] == 2
+    assert threads({"delta": -1})[1]["virtual_clock"]["client_threads"] == 1
+    status, body = threads({"delta": -1})  # the client's own thread always waits
+    assert status == 400 and "at least the client's own" in body["message"]
+    status, body = threads({"delta": "2"})
+    assert status == 400 and "delta='2': an integer" in body["message"]
