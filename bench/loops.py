@@ -49,6 +49,7 @@ samples and trains steps 3-8) and for a loop sampling ahead (it trains 3-8 and s
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -377,9 +378,10 @@ def with_floors(runs: list[dict[str, Any]], base: Costs) -> list[dict[str, Any]]
     return floors
 
 
-def measure_runs(specs: Sequence[LoopSpec], base: Costs) -> list[dict[str, Any]]:
+def measure_runs(specs: Sequence[LoopSpec], base: Costs, partial: Path | None = None) -> list[dict[str, Any]]:
     """``specs`` run one after another against a local service of their own (a worker of ``make bench``: the
-    figures are simulated time, so workers running at once change the bench's wall time, not its figures)."""
+    figures are simulated time, so workers running at once change the bench's wall time, not its figures).
+    ``partial``: each run's result is appended there as it ends, so a bench cut short keeps what it measured."""
     from bench.service import local_service
     from local.toy_data import write_split
     from local.training_session.toy.tokenizer import HF_FILES
@@ -391,11 +393,12 @@ def measure_runs(specs: Sequence[LoopSpec], base: Costs) -> list[dict[str, Any]]
     with tempfile.TemporaryDirectory() as tmp, local_service() as service:
         train_path, _ = write_split(tmp, 2000, 200, seed=3)
         client = service_client(load_config(LOCAL_CONFIG).session)
-        return run_all(specs, service, client, tokenizer, load_examples(train_path), base)
+        return run_all(specs, service, client, tokenizer, load_examples(train_path), base, partial=partial)
 
 
 def run_all(specs: Sequence[LoopSpec], service: Service, client: Any, tokenizer: Any,
-            examples: Sequence[Example], base: Costs, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+            examples: Sequence[Example], base: Costs, progress: Callable[[str], None] = print,
+            partial: Path | None = None) -> list[dict[str, Any]]:
     """Each spec on a session of its own, created under its scenario's costs; the service's settings restored after."""
     saved = service.costs()["costs"]
     results = []
@@ -411,6 +414,9 @@ def run_all(specs: Sequence[LoopSpec], service: Service, client: Any, tokenizer:
                      f"{s['sampled_per_trained']:.2f} critical-path ratio={s['ratio']:.2f} sampled ahead "
                      f"{s['sampled_ahead']}/{len(w['sampled'])} window lines {w['from_line']}-{w['to_line']}")
             results.append(result)
+            if partial is not None:
+                with open(partial, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(result) + "\n")
     finally:
         service.set_costs(Costs.from_mapping(saved))
     return results
