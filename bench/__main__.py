@@ -71,11 +71,12 @@ def assemble(base: Costs, runs: list[dict[str, Any]], learned: dict[str, Any]) -
     return {"base_costs": base.to_dict(), "scenarios": scenarios, "runs": runs, "floors": floors, "parity": learned}
 
 
-def only(selection: str) -> int:
+def only(selection: str, partial: bool = False) -> int:
     """``--only "scenario:keep,..."``: every loop of those scenarios and keep rates (a part of the matrix, for a
     machine too busy for all of it); the client-side figures and parity carried from the last results.json, and
     said so. The parity is unchanged when the code that samples ahead or not is: it runs at a fixed
-    ``max_steps_off_policy`` (0 and 1) with the cost model off, and reproduces exactly."""
+    ``max_steps_off_policy`` (0 and 1) with the cost model off, and reproduces exactly. ``partial``: no
+    measuring, the results of the runs an ``--only`` cut short wrote to ``PARTIAL``."""
     t0 = time.monotonic()
     previous = json.loads((HERE / "results.json").read_text(encoding="utf-8"))
     wanted = [(name.strip(), float(keep)) for name, keep in (item.rsplit(":", 1) for item in selection.split(","))]
@@ -83,12 +84,24 @@ def only(selection: str) -> int:
     if unknown:
         raise SystemExit(f"--only: no scenario and keep rate {unknown} in bench/loops.py's SCENARIOS")
     specs = [loops.LoopSpec(loop, keep, name) for name, keep in wanted for loop in loops.LOOPS]
-    measured = measure_loops(None, specs, learned={**previous["loops"]["parity"], "carried_from": previous["date"]})
+    learned = {**previous["loops"]["parity"], "carried_from": previous["date"]}
+    if partial:  # the runs a cut-short --only wrote, whole (scenario, keep) combinations only
+        runs = [json.loads(line) for line in PARTIAL.read_text(encoding="utf-8").splitlines() if line.strip()]
+        have = {(r["spec"]["scenario"], r["spec"]["keep"], r["spec"]["loop"]) for r in runs}
+        whole = [(sc, k) for sc, k in wanted if all((sc, k, loop) in have for loop in loops.LOOPS)]
+        order = [json.dumps(asdict(spec), sort_keys=True) for spec in LOOP_SPECS]
+        runs = sorted((r for r in runs if (r["spec"]["scenario"], r["spec"]["keep"]) in whole),
+                      key=lambda r: order.index(json.dumps(r["spec"], sort_keys=True)))
+        measured = assemble(loops.base_costs(), runs, learned)
+        selection = ",".join(f"{sc}:{k:g}" for sc, k in whole)
+    else:
+        measured = measure_loops(None, specs, learned=learned)
     results = {**previous, "date": datetime.date.today().isoformat(), "loops": measured, "only": selection,
                "carried": {"from": previous["date"], "what": "parity, overhead, tracking, validation"},
                "bench_seconds": time.monotonic() - t0}
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    PARTIAL.unlink(missing_ok=True)
+    if not partial:
+        PARTIAL.unlink(missing_ok=True)
     return render(results)
 
 
@@ -148,6 +161,6 @@ if __name__ == "__main__":
     # --render: the plot and the README tables again from bench/results.json, measuring nothing.
     if sys.argv[1:] == ["--render"]:
         raise SystemExit(render(json.loads((HERE / "results.json").read_text(encoding="utf-8"))))
-    if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3:
-        raise SystemExit(only(sys.argv[2]))
+    if sys.argv[1:2] in (["--only"], ["--only-partial"]) and len(sys.argv) == 3:
+        raise SystemExit(only(sys.argv[2], partial=sys.argv[1] == "--only-partial"))
     raise SystemExit(main())
