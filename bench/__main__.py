@@ -98,7 +98,7 @@ def only(selection: str, partial: bool = False) -> int:
         measured = measure_loops(None, specs, learned=learned)
     results = {**previous, "date": datetime.date.today().isoformat(), "loops": measured, "only": selection,
                "carried": {"from": previous["date"], "what": "parity, overhead, tracking, validation"},
-               "bench_seconds": time.monotonic() - t0}
+               "bench_seconds": None if partial else time.monotonic() - t0}
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     if not partial:
         PARTIAL.unlink(missing_ok=True)

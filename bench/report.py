@@ -252,9 +252,9 @@ def validation_section(results: dict) -> str:
 def header(results: dict) -> str:
     if "only" in results:  # a part of the matrix (python -m bench --only), the rest carried
         carried = results["carried"]
+        took = f", {results['bench_seconds']:.0f} s" if results.get("bench_seconds") else ", assembled from its runs"
         return (f"Run of {results['date']} on {results['machine']}: only `{results['only']}` "
-                f"(`python -m bench --only`, {results['bench_seconds']:.0f} s); {carried['what']} carried from the "
-                f"run of {carried['from']}.")
+                f"(`python -m bench --only`{took}); {carried['what']} carried from the run of {carried['from']}.")
     return f"Run of {results['date']} on {results['machine']}; `make bench` took {results['bench_seconds']:.0f} s."
 
 
