@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from bench import loops, overhead, parity, report, tracking, validation
 from bench.service import local_service
 from local.toy_data import write_split
+from local.training_session.costs import Costs
 from local.training_session.toy.tokenizer import HF_FILES
 from steps.config import load_config
 from steps.gsm8k.data import load_examples
@@ -29,22 +33,77 @@ from steps.platform.tokenizer import load_tokenizer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LOOP_SPECS = [loops.LoopSpec(loop, keep, sc.name) for sc in loops.SCENARIOS for keep in loops.KEEP_RATES
+LOOP_SPECS = [loops.LoopSpec(loop, keep, sc.name) for sc in loops.SCENARIOS for keep in sc.keeps
               for loop in loops.LOOPS]
+PARTIAL = HERE / "results.partial.jsonl"  # each loop run as it ends (not committed; removed once results.json is)
 
 
-def measure_loops(tokenizer: Any) -> dict[str, Any]:
+#: Processes measuring the loops at once (``BENCH_JOBS``), each with a local service of its own, while this one
+#: measures parity: the figures are simulated time, so this changes the bench's wall time only.
+JOBS = int(os.environ.get("BENCH_JOBS") or os.cpu_count() or 1)
+
+
+def measure_loops(tokenizer: Any, specs: Sequence[loops.LoopSpec] = LOOP_SPECS,
+                  learned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``specs`` (in order, one per worker task: the first free worker takes the next), and parity meanwhile unless
+    ``learned`` is given (carried from an earlier run: ``--only``)."""
     base = loops.base_costs()
-    with tempfile.TemporaryDirectory() as tmp, local_service() as service:
-        train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
-        train, evaluation = load_examples(train_path), load_examples(eval_path)
-        client = service_client(load_config(loops.LOCAL_CONFIG).session)
-        runs = loops.run_all(LOOP_SPECS, service, client, tokenizer, train, base)
-        learned = parity.measure(client, tokenizer, train, evaluation)
-    scenarios = [{"name": sc.name, "what": sc.what, "costs": sc.costs(base).to_dict(),
+    PARTIAL.unlink(missing_ok=True)
+    with ProcessPoolExecutor(JOBS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        workers = [pool.submit(loops.measure_runs, [spec], base, PARTIAL) for spec in specs]
+        if learned is None:
+            with tempfile.TemporaryDirectory() as tmp, local_service():
+                train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
+                train, evaluation = load_examples(train_path), load_examples(eval_path)
+                client = service_client(load_config(loops.LOCAL_CONFIG).session)
+                learned = parity.measure(client, tokenizer, train, evaluation)
+        done = {json.dumps(r["spec"], sort_keys=True): r for w in workers for r in w.result()}
+    return assemble(base, [done[json.dumps(asdict(spec), sort_keys=True)] for spec in LOOP_SPECS
+                           if json.dumps(asdict(spec), sort_keys=True) in done], learned)
+
+
+def assemble(base: Costs, runs: list[dict[str, Any]], learned: dict[str, Any]) -> dict[str, Any]:
+    """The loops' section of results.json: runs in the matrix's order, their floors, the scenarios measured."""
+    floors = loops.with_floors(runs, base)
+    measured = {r["spec"]["scenario"] for r in runs}
+    scenarios = [{"name": sc.name, "what": sc.what, "keeps": list(sc.keeps), "costs": sc.costs(base).to_dict(),
                   "changed": {k: v for k, v in sc.costs(base).to_dict().items() if v != base.to_dict()[k]}}
-                 for sc in loops.SCENARIOS]
-    return {"base_costs": base.to_dict(), "scenarios": scenarios, "runs": runs, "parity": learned}
+                 for sc in loops.SCENARIOS if sc.name in measured]
+    return {"base_costs": base.to_dict(), "scenarios": scenarios, "runs": runs, "floors": floors, "parity": learned}
+
+
+def only(selection: str, partial: bool = False) -> int:
+    """``--only "scenario:keep,..."``: every loop of those scenarios and keep rates (a part of the matrix, for a
+    machine too busy for all of it); the client-side figures and parity carried from the last results.json, and
+    said so. The parity is unchanged when the code that samples ahead or not is: it runs at a fixed
+    ``max_steps_off_policy`` (0 and 1) with the cost model off, and reproduces exactly. ``partial``: no
+    measuring, the results of the runs an ``--only`` cut short wrote to ``PARTIAL``."""
+    t0 = time.monotonic()
+    previous = json.loads((HERE / "results.json").read_text(encoding="utf-8"))
+    wanted = [(name.strip(), float(keep)) for name, keep in (item.rsplit(":", 1) for item in selection.split(","))]
+    unknown = [w for w in wanted if not any(sc.name == w[0] and w[1] in sc.keeps for sc in loops.SCENARIOS)]
+    if unknown:
+        raise SystemExit(f"--only: no scenario and keep rate {unknown} in bench/loops.py's SCENARIOS")
+    specs = [loops.LoopSpec(loop, keep, name) for name, keep in wanted for loop in loops.LOOPS]
+    learned = {**previous["loops"]["parity"], "carried_from": previous["date"]}
+    if partial:  # the runs a cut-short --only wrote, whole (scenario, keep) combinations only
+        runs = [json.loads(line) for line in PARTIAL.read_text(encoding="utf-8").splitlines() if line.strip()]
+        have = {(r["spec"]["scenario"], r["spec"]["keep"], r["spec"]["loop"]) for r in runs}
+        whole = [(sc, k) for sc, k in wanted if all((sc, k, loop) in have for loop in loops.LOOPS)]
+        order = [json.dumps(asdict(spec), sort_keys=True) for spec in LOOP_SPECS]
+        runs = sorted((r for r in runs if (r["spec"]["scenario"], r["spec"]["keep"]) in whole),
+                      key=lambda r: order.index(json.dumps(r["spec"], sort_keys=True)))
+        measured = assemble(loops.base_costs(), runs, learned)
+        selection = ",".join(f"{sc}:{k:g}" for sc, k in whole)
+    else:
+        measured = measure_loops(None, specs, learned=learned)
+    results = {**previous, "date": datetime.date.today().isoformat(), "loops": measured, "only": selection,
+               "carried": {"from": previous["date"], "what": "parity, overhead, tracking, validation"},
+               "bench_seconds": None if partial else time.monotonic() - t0}
+    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    if not partial:
+        PARTIAL.unlink(missing_ok=True)
+    return render(results)
 
 
 def window_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -88,6 +147,7 @@ def main() -> int:
     if stored.exists() and "selective" in (previous := json.loads(stored.read_text(encoding="utf-8"))):
         results["selective"] = previous["selective"]
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    PARTIAL.unlink(missing_ok=True)
     return render(results)
 
 
@@ -106,4 +166,6 @@ if __name__ == "__main__":
     # --render: the plot and the README tables again from bench/results.json, measuring nothing.
     if sys.argv[1:] == ["--render"]:
         raise SystemExit(render(json.loads((HERE / "results.json").read_text(encoding="utf-8"))))
+    if sys.argv[1:2] in (["--only"], ["--only-partial"]) and len(sys.argv) == 3:
+        raise SystemExit(only(sys.argv[2], partial=sys.argv[1] == "--only-partial"))
     raise SystemExit(main())

@@ -13,6 +13,9 @@
   (``steps/dapo/schedule.py``).
 * ``pipelined``: ``default`` with ``max_steps_off_policy: 1``: the next step samples
   while this one trains, from step 1 on.
+* ``concurrent``: ``default`` with ``max_steps_off_policy: 0``: the project's on-policy concurrent mode
+  (batches in flight at once, surplus carried, checkpoints behind), never sampling ahead: the
+  reference for sampled tokens per trained token.
 
 Every run: batch 32 x group 8, ``max_tokens`` 512, the toy's reasoning-length rollouts
 priced by the cost model (``local/training_session/costs.py``, in virtual time: simulated
@@ -46,6 +49,7 @@ samples and trains steps 3-8) and for a loop sampling ahead (it trains 3-8 and s
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -68,9 +72,12 @@ from steps.platform.session import lora_kwargs
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "config" / "local.yaml"
 SEED = 7
-LOOPS = ("sequential", "default", "pipelined")
+LOOPS = ("sequential", "default", "pipelined", "concurrent")
 KEEP_RATES = (1.0, 0.2)
-STEPS = 9
+LOW_KEEP = 0.05  # a very low keep rate: ~20 generation batches a step, so only where it says most (defaults)
+#: Long enough that no window holds the run's last step (which starts no spares and samples nothing ahead):
+#: a window ends at train line 9 at the latest (3-9, on-policy after the probe) and samples up to step 10.
+STEPS = 11
 WINDOW = 6
 FIRST_LINE = 2  # windows start at train line 2 or later: step 1 has no keep-rate evidence, step 2 is the probe
 BENCH_LEARNING_RATE = 1e-7  # moves the toy's weights by ~5e-7 a step: the workload stays the base model's
@@ -84,6 +91,7 @@ class Scenario:
     what: str
     times: tuple[tuple[str, float], ...] = ()  # (Costs field, factor)
     shared_gpus: bool = False
+    keeps: tuple[float, ...] = KEEP_RATES
 
     def costs(self, base: Costs) -> Costs:
         return replace(base, **{k: getattr(base, k) * f for k, f in self.times},
@@ -91,13 +99,18 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("defaults", "the cost model's defaults"),
+    Scenario("defaults", "the cost model's defaults", keeps=KEEP_RATES + (LOW_KEEP,)),
     Scenario("decode x0.5", "half the decode throughput (75 sequences at full speed)",
              (("decode_tokens_per_s", 0.5),)),
     Scenario("decode x2", "twice the decode throughput (300 sequences at full speed)", (("decode_tokens_per_s", 2),)),
+    Scenario("decode x4", "four times the decode throughput (600 sequences at full speed): a faster sampler still",
+             (("decode_tokens_per_s", 4),)),
     Scenario("shared GPUs", "sampler and trainer on the same GPUs: training pauses decoding", shared_gpus=True),
     Scenario("training x0.25", "forward_backward, optim_step and save_weights_for_sampler in a quarter of the time",
              (("train_tokens_per_s", 4), ("optim_step_s", 0.25), ("save_weights_s", 0.25))),
+    Scenario("training x2", "forward_backward, optim_step and save_weights_for_sampler in twice the time: "
+             "the trainer is the bottleneck at 100% keep",
+             (("train_tokens_per_s", 0.5), ("optim_step_s", 2), ("save_weights_s", 2))),
     Scenario("long completions", "every generated and trained token priced as 5: 640 tokens on average, "
              "a tail to 2,560", (("length_scale", 5),)),
 )
@@ -172,7 +185,8 @@ def run_config(spec: LoopSpec, learning_rate: float) -> dict[str, Any]:
     if spec.loop == "sequential":
         overrides.update(max_inflight_gen_batches=1, max_steps_off_policy=0)
     else:  # the product's defaults (config/local.yaml pins on-policy for the toy's wall-clock runs)
-        overrides.update(max_inflight_gen_batches=None, max_steps_off_policy=1 if spec.loop == "pipelined" else None)
+        off_policy = {"pipelined": 1, "concurrent": 0}.get(spec.loop)
+        overrides.update(max_inflight_gen_batches=None, max_steps_off_policy=off_policy)
     if spec.inflight is not None:
         overrides["max_inflight_gen_batches"] = spec.inflight
     return overrides
@@ -245,9 +259,11 @@ def step_rows(recorder: Recorder, records: list[dict], usage: dict[int, dict[str
             "training_s": training_s(recorder.trained_tokens[s - 1], costs),
             "save_state_s": costs.training_seconds("saveState", 0) if checkpoint else 0.0,
             "sampled_tokens": sum(len(x.tokens) for g in sampled for x in g.rollouts),
+            "groups_kept": sum(g.is_informative() for g in sampled),
             "trained_tokens": r["tokens"], "off_policy_steps": r["off_policy_steps"],
             "stale_groups_dropped": r["stale_groups_dropped"],
             "completion_tokens_mean": r["completion_tokens_mean"], "truncated_frac": r["truncated_frac"],
+            **{k: r[k] for k in metrics_io.LENGTH_FIELDS},  # the length bias: trained against sampled groups
         })
     return rows
 
@@ -260,12 +276,15 @@ def interval(step: int, ahead: bool) -> int:
 
 def balanced_window(ahead: Sequence[bool], n: int = WINDOW, first: int = FIRST_LINE) -> dict[str, Any]:
     """The first window of ``n`` steps, train line ``a`` to ``a + n`` (``a >= first``), in which the loop
-    sampled as many steps as it trained (``ahead[s - 1]``: step ``s`` was sampled ahead)."""
-    for a in range(first, len(ahead) - n + 1):
-        sampled = [s for s in range(1, len(ahead) + 1) if a < interval(s, ahead[s - 1]) <= a + n]
+    sampled as many steps as it trained (``ahead[s - 1]``: step ``s`` was sampled ahead), and that holds
+    neither the sampling nor the training of the run's last step: it starts no spares and samples nothing
+    ahead, so a window holding it would flatter the loop."""
+    last = len(ahead)
+    for a in range(first, last - n):
+        sampled = [s for s in range(1, last) if a < interval(s, ahead[s - 1]) <= a + n]
         if len(sampled) == n:
             return {"from_line": a, "to_line": a + n, "trained": list(range(a + 1, a + n + 1)), "sampled": sampled}
-    raise RuntimeError(f"no balanced window of {n} steps in a run of {len(ahead)} (sampled ahead: {ahead})")
+    raise RuntimeError(f"no balanced window of {n} steps before the last in a run of {last} (sampled ahead: {ahead})")
 
 
 def critical_s(steps: Sequence[dict], window: dict[str, Any], shared_gpus: bool) -> float:
@@ -303,8 +322,10 @@ def summarise(steps: list[dict], window: dict[str, Any], usage: dict[int, dict[s
     pools = 1 if costs.shared_gpus else 2
     critical = critical_s(steps, window, costs.shared_gpus)
     S, T = (statistics.mean(r[k] for r in rows) for k, rows in (("sampling_s", sampled), ("training_s", trained)))
+    whole = usage[len(steps)]["simulated_s"]  # the session's clock from its start to the last train line
     return {
         "step_s": elapsed / n, "steps_per_hour": 3600 * n / elapsed,
+        "run_step_s": whole / len(steps), "run_steps_per_hour": 3600 * len(steps) / whole,
         "busy": (sampler + trainer) / (pools * elapsed), "sampler_busy": sampler / elapsed,
         "trainer_busy": trainer / elapsed,
         "decode_utilisation":
@@ -318,11 +339,66 @@ def summarise(steps: list[dict], window: dict[str, Any], usage: dict[int, dict[s
         "completion_tokens_mean": statistics.mean(r["completion_tokens_mean"] for r in sampled),
         "truncated_frac": statistics.mean(r["truncated_frac"] for r in sampled),
         "reveal_lag_mean_s": last["reveal_lag_mean_s"], "reveal_lag_max_s": last["reveal_lag_max_s"],
+        # The length bias over the window: per-step completion-length means and p95s, averaged.
+        **{k: statistics.mean(r[k] for r in (trained if k.startswith("trained") else sampled))
+           for k in metrics_io.LENGTH_FIELDS},
     }
 
 
+def throughput_floor(runs: Sequence[dict[str, Any]], costs: Costs) -> dict[str, float]:
+    """A scenario's (and keep rate's) least step any loop could take, the same for every loop: per trained step,
+    ``S`` the groups a step needs at the observed keep rate decoded at the sampler's full throughput, with no
+    tail (no sequence ever waits alone), and ``T`` its training plus its share of a checkpoint's save_state;
+    ``max(S, T)`` on separate GPUs (fully overlapped), ``S + T`` on shared ones. Pooled over ``runs`` (every
+    loop's whole run of the same workload), so a loop's wrong choice shows against it."""
+    rows = [r for run in runs for r in run["steps"]]
+    spec = runs[0]["spec"]
+    kept = sum(r["groups_kept"] for r in rows)
+    sampled = sum(r["groups_sampled"] for r in rows)
+    tokens_per_group = sum(r["sampled_tokens"] for r in rows) / sampled
+    S = spec["batch_size"] * (sampled / kept) * tokens_per_group * costs.length_scale / costs.decode_tokens_per_s
+    T = statistics.mean(r["training_s"] for r in rows) + costs.training_seconds("saveState", 0) / spec["save_every"]
+    return {"sampling_s": S, "training_s": T, "floor_s": S + T if costs.shared_gpus else max(S, T),
+            "keep_observed": kept / sampled}
+
+
+def with_floors(runs: list[dict[str, Any]], base: Costs) -> list[dict[str, Any]]:
+    """One throughput floor per scenario and keep rate; each run's window and whole-run step divided by it."""
+    floors = []
+    for sc in SCENARIOS:
+        for keep in sc.keeps:
+            same = [r for r in runs if r["spec"]["scenario"] == sc.name and r["spec"]["keep"] == keep]
+            if not same:
+                continue
+            f = throughput_floor(same, sc.costs(base))
+            floors.append({"scenario": sc.name, "keep": keep, **f})
+            for r in same:
+                r["summary"].update(floor_s=f["floor_s"], step_per_floor=r["summary"]["step_s"] / f["floor_s"],
+                                    run_step_per_floor=r["summary"]["run_step_s"] / f["floor_s"])
+    return floors
+
+
+def measure_runs(specs: Sequence[LoopSpec], base: Costs, partial: Path | None = None) -> list[dict[str, Any]]:
+    """``specs`` run one after another against a local service of their own (a worker of ``make bench``: the
+    figures are simulated time, so workers running at once change the bench's wall time, not its figures).
+    ``partial``: each run's result is appended there as it ends, so a bench cut short keeps what it measured."""
+    from bench.service import local_service
+    from local.toy_data import write_split
+    from local.training_session.toy.tokenizer import HF_FILES
+    from steps.gsm8k.data import load_examples
+    from steps.platform.session import service_client
+    from steps.platform.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None, None, HF_FILES)
+    with tempfile.TemporaryDirectory() as tmp, local_service() as service:
+        train_path, _ = write_split(tmp, 2000, 200, seed=3)
+        client = service_client(load_config(LOCAL_CONFIG).session)
+        return run_all(specs, service, client, tokenizer, load_examples(train_path), base, partial=partial)
+
+
 def run_all(specs: Sequence[LoopSpec], service: Service, client: Any, tokenizer: Any,
-            examples: Sequence[Example], base: Costs, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+            examples: Sequence[Example], base: Costs, progress: Callable[[str], None] = print,
+            partial: Path | None = None) -> list[dict[str, Any]]:
     """Each spec on a session of its own, created under its scenario's costs; the service's settings restored after."""
     saved = service.costs()["costs"]
     results = []
@@ -338,6 +414,9 @@ def run_all(specs: Sequence[LoopSpec], service: Service, client: Any, tokenizer:
                      f"{s['sampled_per_trained']:.2f} critical-path ratio={s['ratio']:.2f} sampled ahead "
                      f"{s['sampled_ahead']}/{len(w['sampled'])} window lines {w['from_line']}-{w['to_line']}")
             results.append(result)
+            if partial is not None:
+                with open(partial, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(result) + "\n")
     finally:
         service.set_costs(Costs.from_mapping(saved))
     return results

@@ -212,6 +212,77 @@ def test_virtual_time_jumps_only_while_every_request_waits_on_the_gpus():
     assert clock.now() == 5.0
 
 
+class ClientThread:
+    """A client thread of a service in virtual time: its submits and held polls, counted as the server counts them."""
+
+    def __init__(self, clock: VirtualClock, gpus: Gpus) -> None:
+        self.clock, self.gpus = clock, gpus
+
+    def submit(self, arrives):
+        with self.clock.request(submits=True):
+            return arrives()
+
+    def wait(self, job) -> float:
+        """Until ``job`` is done; the simulated time it was shown at."""
+        with self.clock.request(submits=False), self.clock.holding():
+            assert self.gpus.wait(job, time.monotonic() + 30, threading.Event())
+        return self.clock.now()
+
+
+def test_a_single_thread_loop_times_exactly_as_before_the_clock_counted_threads():
+    clock = VirtualClock()
+    client = ClientThread(clock, Gpus(SMALL, clock))
+    shown = []
+    for _ in range(2):  # sample, then train on it: 20 tokens at 100 ms, then 1,000 tokens at 1,000/s and a 2 s optim
+        job = client.submit(lambda: client.gpus.sampling_arrives(0))
+        client.gpus.sampled(job, [20])
+        shown.append(client.wait(job))
+        client.submit(lambda: client.gpus.training_arrives("forwardBackward", 1000))
+        shown.append(client.wait(client.submit(lambda: client.gpus.training_arrives("optimizerStep", 0))))
+    assert shown == pytest.approx([2.0, 5.0, 7.0, 10.0], abs=1e-6)
+    assert clock.snapshot()["client_threads"] == 1
+
+
+@pytest.mark.parametrize("threads,b_done,end", [(2, 8.0, 10.0), (1, 18.0, 18.0)])
+def test_two_concurrent_waits_on_disjoint_work_take_the_longer_not_the_sum(threads, b_done, end):
+    """Thread A waits on 10 s of training while thread B computes, then submits 8 s of sampling and waits. With both
+    threads declared, A's held poll cannot move the clock while B computes: 10 s in all. Counted as one thread (the
+    clock before issue 30), time jumped to A's finish under B's computing: B's work started at 10 s, 18 s in all."""
+    clock = VirtualClock()
+    gpus = Gpus(SMALL, clock)
+    clock.client_threads(threads - 1)  # B's, declared before it starts
+    a, b = ClientThread(clock, gpus), ClientThread(clock, gpus)
+    shown: dict[str, float] = {}
+
+    def thread_b():
+        try:
+            while clock.snapshot()["polls_waiting"] < 1:  # A is waiting on the service
+                threading.Event().wait(0.001)
+            # B's own computing, CPU time that takes no simulated time: long enough for a clock that jumps under it
+            # to do so (it jumps once no request was submitted for QUIET_S).
+            computing = time.monotonic() + 0.5
+            while clock.now() == 0.0 and time.monotonic() < computing:
+                threading.Event().wait(0.001)
+            job = b.submit(lambda: gpus.sampling_arrives(0))
+            gpus.sampled(job, [80])  # 80 tokens at 100 ms
+            shown["b"] = b.wait(job)
+        finally:
+            if threads > 1:
+                clock.client_threads(-1)  # B no longer waits: A's poll alone may move the clock
+
+    worker = threading.Thread(target=thread_b)
+    worker.start()
+    shown["a"] = a.wait(a.submit(lambda: gpus.training_arrives("forwardBackward", 10_000)))
+    worker.join(30)
+    assert shown["b"] == pytest.approx(b_done, abs=1e-6)
+    assert max(shown.values()) == pytest.approx(end, abs=1e-6)
+
+
+def test_a_client_cannot_take_back_its_own_thread():
+    with pytest.raises(ValueError, match="at least the client's own"):
+        VirtualClock().client_threads(-1)
+
+
 @pytest.mark.parametrize("values, named", [({"time_scale": 0}, "time_scale=0"), ({"enabled": "yes"}, "enabled="),
                                            ({"save_state_s": -1}, "save_state_s=-1"), ({"speed": 2}, "'speed'")])
 def test_settings_name_the_bad_one(values, named):
@@ -270,3 +341,21 @@ def test_through_the_sdk_virtual_time_passes_only_while_the_client_waits(local_s
         costed = _admin(local_service.url)[1]["sessions"][sampler.training_session_name]
     longest = max(len(seq.tokens) for seq in response.sequences)
     assert costed["simulated_s"] >= longest * 10 and waited < longest * 10
+
+
+def test_a_client_declares_its_waiting_threads_over_the_wire(local_service):
+    def threads(body) -> tuple[int, dict]:
+        request = urllib.request.Request(f"{local_service.url}/_admin/clock/threads", data=json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, body = threads({"delta": 1})
+    assert status == 200 and body["virtual_clock"]["client_threads"] == 2
+    assert threads({"delta": -1})[1]["virtual_clock"]["client_threads"] == 1
+    status, body = threads({"delta": -1})  # the client's own thread always waits
+    assert status == 400 and "at least the client's own" in body["message"]
+    status, body = threads({"delta": "2"})
+    assert status == 400 and "delta='2': an integer" in body["message"]

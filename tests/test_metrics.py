@@ -2,6 +2,8 @@
 import math
 import re
 
+import pytest
+
 from pipeline.pipeline import METRIC_DEFINITIONS
 from steps.dapo import health, metrics
 from steps.dapo.batch import train_samples
@@ -146,3 +148,23 @@ def test_a_step_that_could_not_measure_sampler_kl_leaves_it_out_and_says_why(tmp
     for m in METRIC_DEFINITIONS:
         if m.name.startswith("train:"):
             assert (re.search(m.regex, lines[0]) is None) == (m.name == "train:sampler_kl"), m.name
+
+
+def test_the_length_bias_compares_the_trained_groups_with_every_group_sampled(tmp_path):
+    short = group(0, [1, 0])
+    long_ = Group(1, (0,), tuple(Rollout((1,) * n, (-1.0,) * n, "stop", float(n == 40), Grade(n == 40, True, None))
+                                 for n in (40, 60)))
+    batch = step_batch([short, long_], kept=[short])  # the step trained the short group and carried the long one
+    record = metrics.length_bias(batch)
+    assert record["trained_completion_tokens_mean"] == 2 and record["trained_completion_tokens_p95"] == 2
+    assert record["sampled_completion_tokens_mean"] == (2 + 2 + 40 + 60) / 4
+    assert record["sampled_completion_tokens_p95"] == pytest.approx(57.0)  # numpy's linear interpolation
+    carried_only = metrics.length_bias(step_batch([], kept=[long_]))
+    assert carried_only["trained_completion_tokens_mean"] == 50
+    assert math.isnan(carried_only["sampled_completion_tokens_mean"])
+    lines = []
+    log = metrics.MetricsLog(tmp_path / "metrics.jsonl", print_fn=lines.append)
+    log.step({**{k: 1 for k in metrics.TRAIN_FIELDS}, **record})
+    assert lines[0].endswith(" trained_completion_tokens_mean=2.0 trained_completion_tokens_p95=2.0 "
+                             "sampled_completion_tokens_mean=26.0 sampled_completion_tokens_p95=57.0")
+    assert lines[0].startswith("train: step=1 reward_mean=1 ")  # appended after the existing fields

@@ -173,18 +173,21 @@ class WallClock:
 
 
 class VirtualClock:
-    """Simulated time that passes only while every request to the service waits on the simulated GPUs.
+    """Simulated time that passes only while every client thread waits on the simulated GPUs: a discrete-event clock.
 
     The service counts its requests: a result poll held for an unfinished operation is
-    waiting; any other request in progress means the client is at work. When at least
-    one poll waits, nothing else is in progress and no operation was submitted for
-    ``QUIET_S`` (the SDK submits a batch of requests from several threads at once, and
-    a poll may start while the last of them are still coming), the clock jumps to the
-    earliest time a waiting poll could be answered. So a client's own computing takes
+    waiting; any other request in progress means the client is at work. When as many
+    polls wait as the client has threads that wait on the service (:meth:`client_threads`;
+    one unless a client says otherwise), nothing else is in progress and no operation was
+    submitted for ``QUIET_S`` (the SDK submits a batch of requests from several threads at
+    once, and a poll may start while the last of them are still coming), the clock jumps to
+    the earliest time a waiting poll could be answered. So a client's own computing takes
     no simulated time at all, however long the toy model and the SDK take for it on
-    this machine: what is measured is the loop's use of the GPUs. A client that waits
-    on one thread while it computes on another would be mis-timed; the training loop
-    waits on one.
+    this machine: what is measured is the loop's use of the GPUs. A client that waits on
+    several threads at once declares them (each thread's count added before it starts and
+    taken back when it ends): while one of them computes, the others' polls hold the clock,
+    so concurrent waits on disjoint work take the longer of them, not the sum. With one
+    thread (the training loop's), the clock jumps exactly as it always did.
     """
 
     QUIET_S = 0.01
@@ -195,6 +198,7 @@ class VirtualClock:
         self._now = 0.0
         self._active = 0  # requests in progress, held polls excluded
         self._held = 0  # polls waiting for their operation
+        self._threads = 1  # client threads that wait on the service: all of them must be held for time to pass
         self._wakeups: list[float] = []  # simulated times held polls wait for
         self._quiet_since = monotonic()  # the last submit (or other non-poll request) ended
         self._jumps = 0  # times the clock jumped: the simulation's events as the waits see them
@@ -230,10 +234,24 @@ class VirtualClock:
                 self._held -= 1
                 self._active += 1
 
+    def client_threads(self, delta: int) -> int:
+        """A client declares ``delta`` more (or, negative, fewer) threads waiting on the service; the count after.
+        Add a thread's before it starts, and take it back once it no longer waits (else the clock stalls)."""
+        with self._cond:
+            if self._threads + delta < 1:
+                raise ValueError(f"client threads {self._threads} + {delta}: at least the client's own one waits")
+            self._threads += delta
+            self._cond.notify_all()
+            return self._threads
+
+    def _may_jump(self) -> bool:
+        """Every client thread waits on a held poll and no other request is in progress."""
+        return self._active == 0 and self._held >= self._threads
+
     def snapshot(self) -> dict[str, Any]:
         with self._cond:
             return {"now_s": self._now, "requests_working": self._active, "polls_waiting": self._held,
-                    "wakeups": len(self._wakeups), "jumps": self._jumps}
+                    "client_threads": self._threads, "wakeups": len(self._wakeups), "jumps": self._jumps}
 
     def sleep_until(self, t: float, stopped: threading.Event, deadline: float) -> None:
         with self._cond:
@@ -243,8 +261,7 @@ class VirtualClock:
                     wall = self._monotonic()
                     quiet = wall - self._quiet_since
                     # Jump only when no waiting poll is already due (it answers first, and its client goes on).
-                    if self._active == 0 and self._held > 0 and quiet >= self.QUIET_S and \
-                            min(self._wakeups) > self._now:
+                    if self._may_jump() and quiet >= self.QUIET_S and min(self._wakeups) > self._now:
                         self._now = min(self._wakeups)
                         self._jumps += 1
                         self._cond.notify_all()

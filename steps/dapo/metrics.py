@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+import numpy as np
+
 from steps.dapo import rollouts as rollout_records
 from steps.dapo.batch import TrainSample
 from steps.dapo.sampling import Group, StepBatch
@@ -37,7 +39,12 @@ EVAL_FIELDS = ("step", "accuracy")
 # client count, steps/platform/billing.py; sampling ahead, the next step's sampling is in it), and with
 # session.prices their cost.
 TOKEN_FIELDS = ("prefill_tokens", "sample_tokens", "train_tokens", "cost_usd")
-# Appended after TOKEN_FIELDS when selective rollouts are on (steps/dapo/selective.py): prompts skipped as the
+# Appended after those: the length bias a step's fill can bring (issue 30). Completion lengths of the groups the
+# step trained (carried ones included) against every group it sampled: a step filled by the groups that finish
+# first trains short completions sooner than long ones. nan for the sampled ones when the step sampled nothing.
+LENGTH_FIELDS = ("trained_completion_tokens_mean", "trained_completion_tokens_p95",
+                 "sampled_completion_tokens_mean", "sampled_completion_tokens_p95")
+# Appended after LENGTH_FIELDS when selective rollouts are on (steps/dapo/selective.py): prompts skipped as the
 # step's generation batches were drawn, the share of its sampled prompts predicted mixed (last group mixed, or
 # never sampled) and the share observed mixed (its keep rate), and the share sampled though predicted all-equal.
 SELECTIVE_FIELDS = ("skipped_prompts", "predicted_keep_rate", "observed_keep_rate", "exploration_share")
@@ -79,12 +86,29 @@ def train_figures(batch: StepBatch, samples: Sequence[TrainSample], fb_metrics: 
         # Steps between the weights that sampled a trained group and the ones this update starts from.
         "off_policy_steps": max((update - 1 - g.sampler_step for g in batch.kept), default=0),
         "stale_groups_dropped": stale_dropped,
+        **length_bias(batch),
     }
+
+
+def _lengths(groups: Sequence[Group]) -> tuple[float, float]:
+    """(mean, p95) completion tokens of ``groups``' rollouts (numpy's linear-interpolated percentile, as the
+    health figures'); nan for none."""
+    lengths = [len(r.tokens) for g in groups for r in g.rollouts]
+    if not lengths:
+        return math.nan, math.nan
+    return sum(lengths) / len(lengths), float(np.percentile(lengths, 95))
+
+
+def length_bias(batch: StepBatch) -> dict[str, float]:
+    """:data:`LENGTH_FIELDS` of a step: its trained groups' completion lengths against all it sampled."""
+    trained, sampled = _lengths(batch.kept), _lengths(batch.sampled)
+    return {"trained_completion_tokens_mean": trained[0], "trained_completion_tokens_p95": trained[1],
+            "sampled_completion_tokens_mean": sampled[0], "sampled_completion_tokens_p95": sampled[1]}
 
 
 #: Decimals of the float figures that are not fractions (those get 4); SIGNIFICANT ones get 6 significant digits.
 DECIMALS = {"seconds": 2, "completion_tokens_mean": 1, "completion_tokens_p50": 1, "completion_tokens_p95": 1,
-            "cost_usd": 6}
+            "cost_usd": 6, **{k: 1 for k in LENGTH_FIELDS}}
 SIGNIFICANT = {"loss", "sampler_kl"}  # the KL of a healthy run is ~1e-6: 4 decimals would print 0
 
 
@@ -140,7 +164,7 @@ class MetricsLog:
     def step(self, record: dict[str, Any]) -> None:
         self._step_seconds.append(float(record["seconds"]))
         fields = tuple(k for k in TRAIN_FIELDS if k in record or k not in MEASURED_WHERE_POSSIBLE) + tuple(
-            k for k in TOKEN_FIELDS + SELECTIVE_FIELDS if k in record)
+            k for k in TOKEN_FIELDS + LENGTH_FIELDS + SELECTIVE_FIELDS if k in record)
         self.print_fn(line("train", record, fields) + progress(record["step"], self.total_steps, self._step_seconds))
         self._write("step", record)
 

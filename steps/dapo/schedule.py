@@ -11,10 +11,11 @@ The loop (steps/dapo/loop.py) says what a step does; a :class:`Schedule` says wh
   off-policy a step trained, and no group is trained more than ``OFF_POLICY_LIMIT`` steps off-policy.
 - With ``max_steps_off_policy: null`` (auto, the default) the run measures whether that overlap pays
   (:class:`Overlap`): step 1 and 2 sample and train one after the other, step 2 trains while step 3
-  samples (the probe), and from then on the run samples ahead only if the probe step hid at least
-  ``MIN_HIDDEN_SHARE`` of its own training under the sampling, against step 2's sampling and that
-  training one after the other. On GPUs that sampler and trainer share, training pauses decoding and
-  the overlap cannot pay: the run goes back on-policy.
+  samples (the probe), and from then on the run samples ahead only if the probe step saved at least
+  ``MIN_HIDDEN_SHARE`` of what an overlap can save, ``min(S, T)``, against step 2's sampling and that
+  training one after the other: when sampling is the longer, the training hides under it; when training
+  is, the sampling does. On GPUs that sampler and trainer share, training pauses decoding and the overlap
+  cannot pay: the run goes back on-policy, as it does wherever on-policy measured faster.
 - A step's seconds leave evaluation out.
 
 How much runs at once is :class:`Policy`'s: one small piece to replace when that choice changes.
@@ -42,11 +43,13 @@ log = logging.getLogger(__name__)
 #: groups one step old, and the ones it would carry two: those are dropped. The PPO ratio against the
 #: sampler's logprobs (and its clip) is what makes a step-old group safe to train on.
 OFF_POLICY_LIMIT = 1
-#: The least share of the probe step's own training that sampling ahead must hide to be kept (auto). On
-#: separate GPUs the sampling hides most of it (all of it when the sampling is the longer); on GPUs that
-#: sampler and trainer share it hides none, and the steps' sampling times differ by a few seconds either way.
-#: Measured against the training rather than the whole step, so that noise does not decide a short
-#: training's case (``make bench``: training x0.25 at 20% keep hides 3 s under 30 s of sampling).
+#: The least share of the most an overlap can save, ``min(S, T)``, that the probe step must save for sampling
+#: ahead to be kept (auto). On separate GPUs the overlap hides the shorter of sampling and training under the
+#: longer, nearly all of it; on GPUs that sampler and trainer share it hides none, and the steps' sampling times
+#: differ by a few seconds either way. Measured against ``min(S, T)`` rather than the whole step, so that noise
+#: does not decide a short side's case (``make bench``: training x0.25 at 20% keep hides 3 s under 30 s of
+#: sampling; a trainer-bound session hides its sampling under a longer training). Against the training alone
+#: (before issue 30) a trainer-bound run could never pass: its saving, the sampling, is under half the training.
 MIN_HIDDEN_SHARE = 0.5
 #: Fresh generation batches (whose surplus is carried) cover a step's need unless the keep rate falls this many
 #: binomial standard deviations short: a step that comes up short waits a whole extra round.
@@ -65,10 +68,13 @@ def batches_for(need: int, batch_size: int, keep_rate: float, spare_sd: float) -
 
 def overlap_pays(sampling_s: float, training_s: float, overlapped_s: float) -> bool:
     """Whether a step that trained while the next one sampled (``overlapped_s``: from its update's submit
-    to both done) hid at least ``MIN_HIDDEN_SHARE`` of its training (``training_s``) under that sampling,
-    against an on-policy step's sampling (``sampling_s``) and the same training one after the other."""
+    to both done) saved at least ``MIN_HIDDEN_SHARE`` of the most an overlap can save, the shorter of the
+    two (``min(S, T)``), against an on-policy step's sampling (``sampling_s``) and the same training
+    (``training_s``) one after the other. Like with like: whichever side is the bottleneck, and never when
+    on-policy was as fast (a saving of zero or less)."""
     saved = sampling_s + training_s - overlapped_s
-    return training_s > 0 and saved >= MIN_HIDDEN_SHARE * training_s
+    hideable = min(sampling_s, training_s)
+    return hideable > 0 and saved > 0 and saved >= MIN_HIDDEN_SHARE * hideable
 
 
 @dataclass(frozen=True)
