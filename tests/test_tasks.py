@@ -320,6 +320,13 @@ def test_a_folder_that_does_not_fit_or_a_task_the_toy_data_lacks_is_refused_befo
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_first_screen_says_what_a_builtin_task_asks_for_and_that_the_toy_learns_it():
+    assert local_run.task_notes(task("gsm8k")) == []  # the default run's first screen is unchanged
+    assert local_run.task_notes(task("boxed")) == [
+        f"task boxed: each prompt ends '{BOXED_INSTRUCTION}' and only that form earns the reward (strict); the local "
+        "toy model learns this format"]
+
+
 #: A plumbing run: one optimizer step of 2 prompts x 4 completions, 4 held-out questions.
 SMALL = ("--param", "MaxSteps=1", "--param", "BatchSize=2", "--param", "GroupSize=4", "--param", "EvalSize=4",
          "--param", "MaxNumGenBatches=4")
@@ -338,6 +345,8 @@ def test_a_user_grader_refused_before_any_session_then_fixed_runs_end_to_end_on_
     assert code == 1
     first_screen = out.split("[ValidateData] started")[0]
     assert "note: task custom (my_grader:make_task): the local toy model learns only the built-in" in first_screen
+    assert "training may stop early (a step needs groups whose rewards differ) and the gate is expected to reject" \
+        in first_screen
     assert f"data: your files from {data}, copied to " in first_screen
     assert "[ValidateData] Failed" in out and "TrainDAPO" not in out
     assert "the custom task's grader cannot read the gold answers of eval: it agreed with 0 of 10 rows" in out
@@ -398,6 +407,8 @@ def test_a_local_run_on_the_users_files_learns_a_builtin_answer_format(tmp_path,
     write(data / "train.jsonl", rows[:200]), write(data / "test.jsonl", rows[200:])
     code = _run(tmp_path, "--data", str(data), "--task", fmt, *LEARNS)
     out = capsys.readouterr().out
+    first_screen = out.split("[ValidateData] started")[0]
+    assert f"task {fmt}: each prompt ends '{task(fmt).format.instruction}'" in first_screen
     assert "note: task" not in out  # the toy learns the built-in formats: nothing to warn about
     for name in ("ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel"):
         assert f"{name:<16} " in out and "Succeeded" in out.split(f"{name:<16} ")[1].splitlines()[0], name
