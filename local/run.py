@@ -198,13 +198,18 @@ def task_of(run_config: RunConfig, toy_data: bool) -> Any:
 
 
 def task_notes(task: Any) -> list[str]:
-    """What the first screen says about the task: a grader the toy model cannot learn still runs end to end."""
+    """What the first screen says about the task: a built-in format other than the default's, what it asks and
+    rewards; a grader the toy model cannot learn still runs end to end."""
     if task.toy_learns:
-        return []
+        if task.name == "gsm8k":  # the default run's first screen stays as it was
+            return []
+        return [f"task {task.name}: each prompt ends '{task.format.instruction}' and only that form earns the "
+                "reward (strict); the local toy model learns this format"]
     return [f"note: task {task.name} ({task.cfg.grader}): the local toy model learns only the built-in answer "
             "formats (gsm8k, hash, boxed, answer_is, choice), not your grader's; this run checks the plumbing end "
             "to end (validation, training, evaluation and the gate all grade with your grader), and its accuracy "
-            "is not expected to improve"]
+            "is not expected to improve: the toy keeps answering '#### N', so training may stop early (a step "
+            "needs groups whose rewards differ) and the gate is expected to reject the model"]
 
 
 def check_batch_size(batch_size: int, train_rows: int) -> None:

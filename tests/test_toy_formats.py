@@ -1,13 +1,11 @@
 """The toy base model and the built-in answer formats: it reads which format a prompt's instruction asks
 for, writes it only partly, and learns each one under the project's own DAPO loop.
 
-The formats' instructions and strict readings are the built-in tasks' (``gsm8k``/``hash``, ``boxed``,
-``answer_is``, ``choice``). Until those tasks' graders exist, :class:`StrictTask` is a minimal stand-in
-built from the same strict regexes; the loop and everything under it are the real ones.
+Prompts and grades are the built-in tasks' (steps/tasks: ``gsm8k``, ``boxed``, ``answer_is``, ``choice``), as a
+run with ``task.name`` set builds them from the toy data's rows (``python -m local.toy_data --format``).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,76 +17,39 @@ from local import toy_data
 from local.training_session.toy import model as M
 from local.training_session.toy.policy import FILLER_WORDS, DatumArrays, Policy
 from local.training_session.toy.tokenizer import ToyTokenizer
-from steps.config import load_config
+from steps.config import TaskConfig, load_config
 from steps.dapo import metrics as metrics_io
-from steps.dapo.chat import answer_region, render_messages
 from steps.dapo.heldout import evaluate_greedy
 from steps.dapo.loop import Trainer
 from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
 from steps.platform.session import lora_kwargs
 from steps.platform.tokenizer import load_tokenizer
+from steps.tasks import Example, build_task
+from steps.tasks.formats import FORMATS
 from tests.local_service import BASE_MODEL_ARN, client_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = ToyTokenizer()
-INSTRUCTIONS = {
-    "gsm8k": "Solve the problem. Write the final answer as #### followed by the number.",
-    "boxed": "Solve the problem. Write the final answer in \\boxed{}.",
-    "answer_is": 'Solve the problem. End with "The answer is:" followed by the answer.',
-    "choice": 'Choose the correct option. End with "The answer is:" followed by its letter.',
-}
-_N = r"([-+]?\d+)"
-STRICT = {
-    "gsm8k": re.compile(rf"####\s*{_N}"),
-    "boxed": re.compile(rf"\\boxed\s*\{{\s*{_N}\s*\}}"),
-    "answer_is": re.compile(rf"(?i)the answer is\s*:?\s*{_N}"),
-    "choice": re.compile(r"(?i)the answer is\s*:?\s*\(?([A-Z])\)?"),
-}
+FORMAT_NAMES = ("gsm8k", "boxed", "answer_is", "choice")
+TASKS = {fmt: build_task(TaskConfig(name=fmt)) for fmt in FORMAT_NAMES}
 MODEL_FORMAT = {"gsm8k": M.HASH, "boxed": M.BOXED_FORMAT, "answer_is": M.ANSWER_IS, "choice": M.CHOICE}
 # What the toy writes in each format, numbers and letters as N.
 ASKED_FORM = {"boxed": "\\boxed { N }", "answer_is": "the answer is : N", "choice": "the answer is : L"}
 
 
-@dataclass(frozen=True)
-class Example:
-    question: str  # a choice question with its options under it, one per line
-    gold: str
-
-
 def example(row: dict, fmt: str) -> Example:
-    """A toy_data row of format ``fmt`` as the task sees it."""
-    if fmt == "choice":
-        options = "\n".join(f"{letter}) {value}" for letter, value in zip(toy_data.LETTERS, row["choices"]))
-        return Example(f"{row['question']}\n{options}", row["answer"])
-    if fmt == "boxed":
-        return Example(row["problem"], re.search(r"\\boxed\{(\d+)\}", row["solution"])[1])
-    gold = row["answer"].rsplit("####" if fmt == "gsm8k" else "The answer is:", 1)[1].strip()
-    return Example(row["question"], gold)
+    """A toy_data row of format ``fmt`` as the built-in task reads it (a choice row keeps its options apart)."""
+    task = TASKS[fmt]
+    return task.read(row, task.fields_for(row))
 
 
 def examples(n: int, seed: int, fmt: str) -> list[Example]:
     return [example(row, fmt) for row in toy_data.generate_rows(n, seed, fmt)]
 
 
-class StrictTask:
-    """The question, the format's instruction; strict grading only: the last strict match in the answer region."""
-
-    def __init__(self, fmt: str) -> None:
-        self.fmt = fmt
-
-    def prompt(self, ex: Example, tokenizer: Any, chat_template_kwargs: Mapping[str, Any]) -> list[int]:
-        messages = [{"role": "user", "content": f"{ex.question}\n{INSTRUCTIONS[self.fmt]}"}]
-        return render_messages(tokenizer, messages, chat_template_kwargs)
-
-    def grade(self, text: str, ex: Example) -> Grade:
-        found = STRICT[self.fmt].findall(answer_region(text) or "")
-        extracted = found[-1].upper() if found else None
-        return Grade(correct=extracted == ex.gold.upper(), formatted=bool(found), extracted=extracted)
-
-
 def prompt_tokens(ex: Example, fmt: str) -> list[int]:
-    return StrictTask(fmt).prompt(ex, TOK, {})
+    return TASKS[fmt].prompt(ex, TOK, {})
 
 
 def shape(text: str) -> str:
@@ -100,7 +61,7 @@ def shape(text: str) -> str:
 # ---- reading the prompt --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", list(INSTRUCTIONS))
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_the_model_reads_the_format_each_instruction_asks_for(fmt):
     [ex] = examples(1, seed=0, fmt=fmt)
     prompt = prompt_tokens(ex, fmt)
@@ -108,7 +69,7 @@ def test_the_model_reads_the_format_each_instruction_asks_for(fmt):
     info = M.read_prompt(prompt[:-1])
     assert info.format == MODEL_FORMAT[fmt]
     # The arithmetic reads the question, never the options' numbers.
-    question_only = M.read_prompt(prompt_tokens(Example(ex.question.split("\n")[0], ex.gold), "gsm8k"))
+    question_only = M.read_prompt(prompt_tokens(Example(ex.question, ex.gold), "gsm8k"))
     np.testing.assert_array_equal(info.cues, question_only.cues)
 
 
@@ -122,7 +83,7 @@ def test_the_options_give_their_letters_values():
     assert M.read_prompt(TOK.encode("ann has 3 apples ( a ) 5 pens")).format == M.HASH
 
 
-@pytest.mark.parametrize("fmt", list(INSTRUCTIONS))
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_the_hugging_face_files_read_each_format_as_the_toy_does(fmt):
     """The steps load the toy's tokenizer from its Hugging Face files: same prompt ids, same decoded answers."""
     from local.training_session.toy.tokenizer import HF_FILES
@@ -131,12 +92,12 @@ def test_the_hugging_face_files_read_each_format_as_the_toy_does(fmt):
     policy = Policy.base()
     for i, ex in enumerate(examples(20, seed=6, fmt=fmt)):
         prompt = prompt_tokens(ex, fmt)
-        assert StrictTask(fmt).prompt(ex, hf, {}) == prompt
+        assert TASKS[fmt].prompt(ex, hf, {}) == prompt
         for seq in policy.sample(prompt, 4, 512, seed=i):
             assert hf.decode(seq.tokens, skip_special_tokens=False) == TOK.decode(seq.tokens, skip_special_tokens=False)
 
 
-def test_boxed_is_one_token_and_decodes_as_the_strict_readings_want():
+def test_boxed_is_one_token_and_decodes_as_the_builtin_strict_readings_want():
     from local.training_session.toy.tokenizer import HF_FILES
 
     text = 'so \\boxed{12} \\boxed { 7 }; "The answer is: B" \\frac{1}{2}'
@@ -144,7 +105,9 @@ def test_boxed_is_one_token_and_decodes_as_the_strict_readings_want():
     assert TOK.convert_ids_to_tokens(TOK.encode("\\boxed{12}")) == ["\\boxed", "{", "12", "}"]
     decoded = TOK.decode(TOK.encode(text))
     assert decoded == 'so \\boxed { 12 } \\boxed { 7 } ; " the answer is : b " { 1 } { 2 }'  # "\\frac" is <unk>
-    assert STRICT["boxed"].findall(decoded) == ["12", "7"] and STRICT["choice"].findall(decoded) == ["b"]
+    assert FORMATS["boxed"].read(decoded, ()).committed == "7"  # the last box
+    assert FORMATS["boxed"].read(TOK.decode(TOK.encode("so \\boxed{12}")), ()).committed == "12"
+    assert FORMATS["choice"].read(TOK.decode(TOK.encode("The answer is: B")), ("1", "2")).committed == "B"
 
 
 # ---- the base model: partly following ---------------------------------------------------------
@@ -160,7 +123,7 @@ def test_the_base_model_writes_the_asked_form_partly_and_greedy_keeps_its_hash_h
             text = TOK.decode(seq.tokens)
             if seq.stop_reason == "stop":
                 shapes.append(shape(text))
-            hits.append(StrictTask(fmt).grade(text, ex).correct)
+            hits.append(TASKS[fmt].grade(text, ex).correct)
         greedy.append(shape(TOK.decode(policy.sample(prompt, 1, 512, temperature=0)[0].tokens)))
     # Every finished completion is filler, then one answer in the asked form, in '#### N', or none.
     forms = {s: shapes.count(s) / len(shapes) for s in set(shapes)}
@@ -238,17 +201,21 @@ def test_gradient_of_the_format_rows_braces_and_letters_matches_finite_differenc
 
 @dataclass(frozen=True)
 class FormatExample(Example):
-    fmt: str
+    fmt: str = ""
+
+
+def tagged(ex: Example, fmt: str) -> FormatExample:
+    return FormatExample(ex.question, ex.gold, ex.choices, ex.row, ex.answer, fmt=fmt)
 
 
 class MixedTask:
-    """Each example graded by its own format's StrictTask (one short run teaches all three)."""
+    """Each example prompted and graded by its own format's built-in task (one short run teaches all three)."""
 
     def prompt(self, ex: FormatExample, tokenizer: Any, chat_template_kwargs: Mapping[str, Any]) -> list[int]:
-        return StrictTask(ex.fmt).prompt(ex, tokenizer, chat_template_kwargs)
+        return TASKS[ex.fmt].prompt(ex, tokenizer, chat_template_kwargs)
 
     def grade(self, text: str, ex: FormatExample) -> Grade:
-        return StrictTask(ex.fmt).grade(text, ex)
+        return TASKS[ex.fmt].grade(text, ex)
 
 
 LEARNED = ("boxed", "answer_is", "choice")
@@ -265,7 +232,7 @@ def test_the_dapo_loop_teaches_the_toy_each_answer_format(tmp_path, local_servic
     cfg = load_config(ROOT / "config" / "local.yaml", {
         "batch_size": STEPS_BATCH, "group_size": 8, "max_steps": STEPS, "save_every": STEPS, "eval_every": 0,
         "eval_size": 0, "guards": False, "learning_rate": 0.01})
-    rows = {fmt: [FormatExample(e.question, e.gold, fmt) for e in examples(200, seed=21, fmt=fmt)] for fmt in LEARNED}
+    rows = {fmt: [tagged(e, fmt) for e in examples(200, seed=21, fmt=fmt)] for fmt in LEARNED}
     held_out = {fmt: r[:HELD_OUT] for fmt, r in rows.items()}
     train = [e for i in range(HELD_OUT, 200) for e in (rows[fmt][i] for fmt in LEARNED)]
     task, tokenizer = MixedTask(), load_tokenizer(BASE_MODEL_ARN, None)

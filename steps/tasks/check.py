@@ -49,7 +49,8 @@ def check(path: str, task: RowTask, out: Any = print) -> int:
     file = data_file(path)
     scan = SplitScan(name=file.name, path=str(file), inputs=[])
     shown = 0
-    out(f"task {task.name}: " + ", ".join(f"{k} {v!r}" for k, v in task.describe().items() if k != "name" and v))
+    # Quoted as written, not repr(): a repr doubles the backslash of '\boxed{}', which the prompt does not have.
+    out(f"task {task.name}: " + ", ".join(f"{k} '{v}'" for k, v in task.describe().items() if k != "name" and v))
     for line in iter_lines(file):
         scan.rows += 1
         if line.error:
