@@ -26,6 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "config" / "local.yaml"
 
 
+def nospace(text: str) -> str:
+    """``text`` without its whitespace: how a line wrapped at 100 columns is compared."""
+    return "".join(text.split())
+
+
 def task(name: str, **settings):
     return build_task(TaskConfig(name=name, **settings))
 
@@ -343,14 +348,17 @@ def test_a_user_grader_refused_before_any_session_then_fixed_runs_end_to_end_on_
     code = _run(tmp_path, "--data", str(data), "--config", str(user_config(tmp_path, code_dir)), *SMALL)
     out = capsys.readouterr().out
     assert code == 1
-    first_screen = out.split("[ValidateData] started")[0]
-    assert "note: task custom (my_grader:make_task): the local toy model learns only the built-in" in first_screen
-    assert "training may stop early (a step needs groups whose rewards differ) and the gate is expected to reject" \
+    # Lines are wrapped at 100 columns (a path wider than that is cut): read the first screen without whitespace.
+    first_screen = "".join(out.split("[ValidateData] started")[0].split())
+    assert nospace("note: task custom (my_grader:make_task): the local toy model learns only the built-in") \
         in first_screen
-    assert f"data: your files from {data}, copied to " in first_screen
+    assert nospace("training may stop early (a step needs groups whose rewards differ) and the gate is expected to "
+                   "reject") in first_screen
+    assert nospace(f"data: your files from {data}, copied to ") in first_screen
     assert "[ValidateData] Failed" in out and "TrainDAPO" not in out
-    assert "the custom task's grader cannot read the gold answers of eval: it agreed with 0 of 10 rows" in out
-    assert "test.jsonl:1: the grader does not agree with the gold answer" in out.replace("eval.jsonl", "test.jsonl")
+    flat = nospace(out.replace("eval.jsonl", "test.jsonl"))
+    assert nospace("the custom task's grader cannot read the gold answers of eval: it agreed with 0 of 10 rows") in flat
+    assert nospace("test.jsonl:1: the grader does not agree with the gold answer") in flat
     assert "training sessions created: 0" in out  # the local service's ListTrainingSessions
     (d,) = [p for p in (tmp_path / "runs").iterdir() if (p / "summary.txt").exists()]
     # The definition the run ran (as `make pipeline-definition` builds it) carries the grader to every step.
@@ -407,8 +415,9 @@ def test_a_local_run_on_the_users_files_learns_a_builtin_answer_format(tmp_path,
     write(data / "train.jsonl", rows[:200]), write(data / "test.jsonl", rows[200:])
     code = _run(tmp_path, "--data", str(data), "--task", fmt, *LEARNS)
     out = capsys.readouterr().out
-    first_screen = out.split("[ValidateData] started")[0]
-    assert f"task {fmt}: each prompt ends '{task(fmt).format.instruction}'" in first_screen
+    # Lines are wrapped at 100 columns (a path wider than that is cut): read the first screen without whitespace.
+    first_screen = "".join(out.split("[ValidateData] started")[0].split())
+    assert nospace(f"task {fmt}: each prompt ends '{task(fmt).format.instruction}'") in first_screen
     assert "note: task" not in out  # the toy learns the built-in formats: nothing to warn about
     for name in ("ValidateData", "TrainDAPO", "EvaluateModel", "CheckAccuracy", "ApproveModel"):
         assert f"{name:<16} " in out and "Succeeded" in out.split(f"{name:<16} ")[1].splitlines()[0], name
