@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
+from local import console
 from local.sample import SERVICE_STATE, finished_run
 from pipeline.reevaluate import KEPT, check_overrides, overrides_text, selected_steps
 from steps.cli import Refused, parse_pairs
@@ -72,6 +73,11 @@ class Reevaluation:
     @property
     def execution_id(self) -> str:
         return f"{self.run_dir.name}-r{self.number}"
+
+
+def say(text: str) -> None:
+    """A line (or block) of the re-evaluation's own, within the terminal's 100 columns, as a local run's."""
+    print("\n".join(console.fit(text)), flush=True)
 
 
 def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
@@ -168,9 +174,9 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun)
     records: dict[str, Any] = {}
     failure, interrupted, sessions, before, after = None, False, None, None, None
     held_out = None
-    print(f"re-evaluation {rv.number} of local run {run_id}: {overrides_text(rv.params)}"
-          f"{held_out_text(rv)}; runs {', '.join(selected_steps(rv.definition))}; keeps {' and '.join(KEPT)} from "
-          "the run (nothing is trained)", flush=True)
+    say(f"re-evaluation {rv.number} of local run {run_id}: {overrides_text(rv.params)}"
+        f"{held_out_text(rv)}; runs {', '.join(selected_steps(rv.definition))}; keeps {' and '.join(KEPT)} from "
+        "the run (nothing is trained)")
     with LocalStack(log_path=out / "training-session-service.log", state_dir=rv.run_dir / SERVICE_STATE) as stack:
         env = stack.env()
         before = report.registry_entry(rv.run_dir, env)
@@ -207,7 +213,7 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun)
         "outcome": outcome, "failure": None if failure is None else {"step": failure.step, "message": failure.message},
         "verdict_before": verdict(before), "verdict_after": verdict(after), "model_package": after,
         "steps": {name: asdict(rec) for name, rec in records.items()}}, indent=2)
-    print(summary(rv, out, records, failure, interrupted, sessions, before, after, time.monotonic() - t0), flush=True)
+    say(summary(rv, out, records, failure, interrupted, sessions, before, after, time.monotonic() - t0))
     if interrupted:
         print("interrupted: every process this re-evaluation started has been stopped", file=sys.stderr, flush=True)
         return 130

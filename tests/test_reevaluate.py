@@ -48,6 +48,11 @@ def sample_and_reevaluate(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run_dir, capsys)
 
 
+def squeeze(text: str) -> str:
+    """``text`` without whitespace: how output wrapped at 100 columns is compared."""
+    return "".join(text.split())
+
+
 def digests(run_dir: Path) -> dict[str, str]:
     """Every file TrainDAPO and ValidateData left, and the run's own reports."""
     paths = [p for step in ("TrainDAPO", "ValidateData") for p in (run_dir / "work" / step).rglob("*") if p.is_file()]
@@ -98,8 +103,9 @@ def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path
     old, new = (json.loads(p.read_text()) for p in (run_dir / "evaluation.json", folder / "evaluation.json"))
     assert new["n"] == old["n"] and new["model_package_arn"] == old["model_package_arn"]
     assert (folder / "evaluation_base.json").exists() and (folder / "logs" / "EvaluateModel.log").exists()
-    assert "verdict: Rejected (was Approved): improvement lower bound" in out
-    assert "training sessions created: 1, left running: 0" in out  # EvaluateModel's; TrainDAPO's was not created
+    flat = squeeze(out)  # lines wrapped at 100 columns, read without whitespace
+    assert squeeze("verdict: Rejected (was Approved): improvement lower bound") in flat
+    assert squeeze("training sessions created: 1, left running: 0") in flat  # EvaluateModel's; not TrainDAPO's
 
 
 def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run_dir: Path, capsys) -> None:
@@ -137,8 +143,10 @@ def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run
     record = json.loads((folder / "reevaluation.json").read_text())
     assert record["eval_data"]["given"] == [str(held_out)] and record["steps"]["TrainDAPO"]["message"].startswith(
         "kept from run")
-    assert "held-out data accepted: 8/10 rows kept; 2 questions the adapter trained on removed from eval" in out
-    assert "training sessions created: 1, left running: 0" in out
+    flat = squeeze(out)  # lines wrapped at 100 columns, read without whitespace
+    assert squeeze("held-out data accepted: 8/10 rows kept; 2 questions the adapter trained on removed from "
+                   "eval") in flat
+    assert squeeze("training sessions created: 1, left running: 0") in flat
 
 
 # -- the held-out check of a re-evaluation, as a function ----------------------------------------------------------
