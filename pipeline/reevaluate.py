@@ -38,7 +38,7 @@ import re
 import sys
 from typing import Any, Iterable, Mapping, Sequence
 
-from pipeline.aws import UserError, aws_session, cli_main, console_url, resolve_region
+from pipeline.aws import UserError, aws_session, cli_main, resolve_region
 from pipeline.config import load
 from pipeline.expressions import all_steps
 from steps.cli import parse_pairs
@@ -159,7 +159,7 @@ def reevaluate(session: Any, name: str, source_arn: str, params: dict[str, str],
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.start import _list_steps, wait_for_execution
+    from pipeline.start import follow
 
     p = argparse.ArgumentParser(prog="python -m pipeline.reevaluate", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="YAML config with session/dapo/pipeline sections")
@@ -176,15 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     region = resolve_region(run.session.region, args.config)
     session = aws_session(region)
     arn = reevaluate(session, cfg.name, args.execution, params, args.config)
-    print(f"started {arn}")
-    execution_id = arn.rsplit("/", 1)[-1]
-    print(f"console: {console_url(region, f'pipelines/{cfg.name}/executions/{execution_id}')}")
-    if not args.wait:
-        return 0
-    sm = session.client("sagemaker")
-    status = wait_for_execution(arn, lambda a: sm.describe_pipeline_execution(PipelineExecutionArn=a),
-                                _list_steps(sm), poll_seconds=args.poll_seconds)
-    return 0 if status == "Succeeded" else 1
+    return follow(session, cfg.name, region, arn, args.wait, args.poll_seconds)
 
 
 if __name__ == "__main__":

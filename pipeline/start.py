@@ -192,14 +192,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     region = resolve_region(run.session.region, args.config)
     session = aws_session(region)
     arn = start(session, cfg.name, region, params, args.config, args.mlflow_experiment)
+    return follow(session, cfg.name, region, arn, args.wait, args.poll_seconds)
+
+
+def follow(session: Any, pipeline_name: str, region: str, arn: str, wait: bool, poll_seconds: float) -> int:
+    """Print a started execution's ARN and console link; with ``wait``, each step's status until it ends (exit 0
+    only if it succeeded). make start-pipeline and make reevaluate both end here."""
     print(f"started {arn}")
     execution_id = arn.rsplit("/", 1)[-1]
-    print(f"console: {console_url(region, f'pipelines/{cfg.name}/executions/{execution_id}')}")
-    if not args.wait:
+    print(f"console: {console_url(region, f'pipelines/{pipeline_name}/executions/{execution_id}')}")
+    if not wait:
         return 0
     sm = session.client("sagemaker")
     status = wait_for_execution(arn, lambda a: sm.describe_pipeline_execution(PipelineExecutionArn=a),
-                                _list_steps(sm), poll_seconds=args.poll_seconds)
+                                _list_steps(sm), poll_seconds=poll_seconds)
     return 0 if status == "Succeeded" else 1
 
 
