@@ -51,7 +51,7 @@ $(STAMP): pyproject.toml
 
 test: install ## lint, then the whole offline test suite
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 # RESUME=<run-id> continues an interrupted or failed run (runs/<run-id>/) with the parameters it started with.
 # REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed,

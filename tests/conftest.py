@@ -5,6 +5,8 @@ import ipaddress
 import os
 import socket
 
+import pytest
+
 # Dummy credentials and region so boto3 never looks for real ones, and no SDK
 # telemetry or config lookups leave the machine.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -51,3 +53,15 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 # The local training-session service fixtures (local_service, service_client, ...), and the toy model one
 # training run teaches for the whole test run (learned_toy).
 pytest_plugins = ["tests.local_service", "tests.learned_toy"]
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The tests of the toy one training run teaches (tests/learned_toy.py, 17 s per worker that computes it), then
+    the end-to-end runs (marked ``slow``, 10-50 s each), first, each in their files' order: under ``make test``'s
+    two workers (``--dist worksteal``) the learned toy's tests run together on one worker, the short tests fill in
+    around the long ones, and neither worker is left with a 50 s run when the other has nothing to do. A stable
+    sort: every worker collects the same order."""
+    def rank(item: pytest.Item) -> int:
+        return 0 if "learned_toy" in item.fixturenames else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)

@@ -30,6 +30,7 @@ def trained(learned_toy):
 STEPS = load_config(ROOT / "config/local.yaml").dapo.max_steps
 
 
+@pytest.mark.slow
 def test_trained_model_beats_the_base_model_on_the_same_questions(trained, tmp_path, local_service):
     d, eval_path = trained
     # The model input as SageMaker hands it to a processing job: a directory holding model.tar.gz.

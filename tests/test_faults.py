@@ -184,6 +184,7 @@ def assert_billed_as_the_service_counts(tmp_path: Path, service, name: str) -> N
 
 
 # -- faults that stop the run, and the resume ----------------------------------------------
+@pytest.mark.slow
 def test_a_session_that_dies_mid_run_stops_with_a_resume_hint_and_the_rerun_finishes(tmp_path, toy_data, local_service):
     sets = (*SETS, "max_steps=8")
     before = {s["name"] for s in local_service.sessions()}
@@ -220,6 +221,7 @@ def start_job(tmp_path, data, service, owner: Owner, jobs: LocalJobs, *sets):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT))
 
 
+@pytest.mark.slow
 def test_sigkill_twice_then_restart_stops_the_orphans_and_applies_every_step_once(tmp_path, toy_data, local_service):
     """Both kills land right after a checkpoint step's train line, racing that step's save_state and checkpoint
     write. The first restart is the same job starting its process again; after the second kill the job is over
@@ -258,6 +260,7 @@ def test_sigkill_twice_then_restart_stops_the_orphans_and_applies_every_step_onc
                     "0 sessions left Running"))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_session_and_the_rerun_resumes(tmp_path, toy_data, local_service):
     sets = (*SETS, "max_steps=6")
     before = {s["name"] for s in local_service.sessions()}

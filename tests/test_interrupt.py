@@ -4,9 +4,10 @@ summary can say so), and no process of the run is left.
 
 A terminal's Ctrl-C reaches every process of the foreground group: the runner, its step's supervisor (which
 forwards it to the step, in a group of its own) and, before, the local service, which then exited first. Each run
-costs 10-20 s of CPU, so rather than many runs at random points, one per phase: here, while TrainDAPO starts and
-while it saves a checkpoint and evaluates; mid-step, tests/test_local_run.py's Ctrl-C test (which resumes after it).
-The exact moment within each phase still varies with the machine's timing.
+costs 10-20 s of CPU, so rather than many runs at random points, one per phase: here, while TrainDAPO starts; while
+it saves a checkpoint and evaluates, tests/test_local_run.py's Ctrl-C test (which resumes after it, and checks the
+same order with :func:`assert_the_step_stopped_its_session_before_the_service_stopped`). The exact moment within
+each phase still varies with the machine's timing.
 """
 from __future__ import annotations
 
@@ -21,21 +22,10 @@ import pytest
 
 from local.stack import ROOT
 
-#: Where the Ctrl-C lands: the console line of TrainDAPO after which it is pressed. With save_every and eval_every 2.
-POINTS = {
-    # The runner starting TrainDAPO: downloading its channels, starting its supervisor (a Ctrl-C inside Popen is
-    # held until the process is in hand), or the step importing; which of them depends on the machine's timing.
-    "starting": "[TrainDAPO] started",
-    "checkpoint": "[TrainDAPO] train: step=2 ",  # step 2's checkpoint being saved, the in-training evaluation
-}
-
-
-def small_config(tmp_path: Path) -> Path:
-    shipped = (ROOT / "config" / "local.yaml").read_text()
-    config = tmp_path / "local.yaml"
-    config.write_text(re.sub(r"(?m)^  (save_every|eval_every): \d+$", r"  \1: 2", shipped))
-    assert config.read_text().count(": 2\n") >= 2
-    return config
+#: Where the Ctrl-C lands: the console line of TrainDAPO after which it is pressed. The runner starting TrainDAPO:
+#: downloading its channels, starting its supervisor (a Ctrl-C inside Popen is held until the process is in hand),
+#: or the step importing; which of them depends on the machine's timing.
+STARTING = "[TrainDAPO] started"
 
 
 def interrupted_run(tmp_path: Path, point: str) -> tuple[int, str, str]:
@@ -43,7 +33,7 @@ def interrupted_run(tmp_path: Path, point: str) -> tuple[int, str, str]:
     ``point`` is printed; its exit code, stdout and stderr."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "local.run", "--runs-dir", str(tmp_path / "runs"), "--definition-out",
-         str(tmp_path / "pipeline.json"), "--config", str(small_config(tmp_path)), "--train-rows", "60",
+         str(tmp_path / "pipeline.json"), "--train-rows", "60",
          "--eval-rows", "10", "--param", "MaxSteps=6", "--param", "BatchSize=4", "--param", "EvalSize=4",
          "--verbose"],  # the full step lines: the point is one of them
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), start_new_session=True)
@@ -57,9 +47,9 @@ def interrupted_run(tmp_path: Path, point: str) -> tuple[int, str, str]:
     return proc.returncode, "".join(lines) + out, err
 
 
-@pytest.mark.parametrize("phase", list(POINTS))
-def test_ctrl_c_stops_the_steps_then_the_service_and_leaves_no_session_or_process(tmp_path, phase):
-    code, out, err = interrupted_run(tmp_path, POINTS[phase])
+@pytest.mark.slow
+def test_ctrl_c_stops_the_steps_then_the_service_and_leaves_no_session_or_process(tmp_path):
+    code, out, err = interrupted_run(tmp_path, STARTING)
     assert code == 130 and "interrupted: every process this run started has been stopped" in err, out[-3000:] + err
     # No process of the run is left: every one of them names a path under its runs dir.
     left = subprocess.run(["pgrep", "-af", str(tmp_path / "runs")], capture_output=True, text=True).stdout
@@ -70,16 +60,21 @@ def test_ctrl_c_stops_the_steps_then_the_service_and_leaves_no_session_or_proces
     statuses = re.findall(r"(dapo-\S+-TrainDAPO-\S+) (\w+)", out.split("training sessions created:", 1)[1])
     assert [status for _, status in statuses] == ["Stopped"] * created
     run_dir = tmp_path / "runs" / re.search(r"^local-run (\S+):", out, re.M).group(1)
-    log = run_dir / "logs" / "TrainDAPO.log"
-    step_log = log.read_text() if log.exists() else ""  # Ctrl-C before the step's process started: no log
-    if created:  # the step stopped its own session: its supervisor found nothing to stop, nor had to kill it
-        assert "error: SIGINT received; the training session was stopped" in step_log, step_log[-3000:]
-        assert "supervise: stopped training session" not in step_log and "has not exited" not in step_log
-        # ... and the service stopped after it: its own log has the session's stop before its own.
-        service_log = (run_dir / "training-session-service.log").read_text()
-        assert service_log.index(f"session {statuses[0][0]} stopped") < service_log.index("stopping: ")
-    if phase != "starting":
-        assert created == 1
+    if created:  # the Ctrl-C came after the step had created its session
+        assert_the_step_stopped_its_session_before_the_service_stopped(run_dir, statuses[0][0])
+
+
+def assert_the_step_stopped_its_session_before_the_service_stopped(run_dir: Path, session: str) -> None:
+    """The step stopped its own session (its supervisor found nothing to stop, nor had to kill it), and the service
+    stopped after it: its own log has the session's stop before its own."""
+    step_log = (run_dir / "logs" / "TrainDAPO.log").read_text()
+    # The supervisor forwards the terminal's SIGINT, and the runner's SIGTERM follows it by milliseconds; under
+    # load the step's handler may raise for the second (a CI run on a loaded machine saw SIGTERM). Either way the
+    # step itself stopped its session, which is what this checks.
+    assert re.search(r"error: SIG(INT|TERM) received; the training session was stopped", step_log), step_log[-3000:]
+    assert "supervise: stopped training session" not in step_log and "has not exited" not in step_log
+    service_log = (run_dir / "training-session-service.log").read_text()
+    assert service_log.index(f"session {session} stopped") < service_log.index("stopping: ")
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits on a process that is not its child: Linux pidfd")

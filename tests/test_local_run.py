@@ -24,6 +24,7 @@ from steps.config.parameters import PARAMETERS
 from steps.dapo import curves
 from steps.platform import billing
 from steps.platform.ownership import Owner
+from tests.test_interrupt import assert_the_step_stopped_its_session_before_the_service_stopped
 from tests.test_reevaluate import sample_and_reevaluate
 
 
@@ -145,6 +146,7 @@ def _run_dir(tmp_path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     code = _run(tmp_path, "--train-rows", "400", "--eval-rows", "80", "--param", "MaxSteps=15",
                 "--param", "EvalSize=60", quiet=False)
@@ -289,6 +291,7 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     sample_and_reevaluate(d, capsys)
 
 
+@pytest.mark.slow
 def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     code = _run(tmp_path, "--train-rows", "300", "--eval-rows", "40", "--param", "MaxSteps=2",
                 "--param", "EvalSize=40", "--param", "AccuracyThreshold=0.99")
@@ -305,6 +308,7 @@ def test_accuracy_below_the_threshold_fails_with_both_numbers(tmp_path, capsys):
     assert "rejection_reason=accuracy " in flat and "below AccuracyThreshold 0.99" in flat
 
 
+@pytest.mark.slow
 def test_a_run_the_cap_stopped_before_its_first_step_is_never_approved(tmp_path, capsys):
     """Even at AccuracyThreshold 0: the base weights it evaluated are recorded as rejected, and the summary says
     that training stopped early and why."""
@@ -356,6 +360,7 @@ def _mlflow_runs(tmp_path):
     return client.search_runs([client.get_experiment_by_name("dapo-local").experiment_id])
 
 
+@pytest.mark.slow
 def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run_still_reports(tmp_path):
     """The local service killed mid-training: TrainDAPO fails within 30 s (the SDK alone retried for ~10 min) with
     its one `error:` line, the summary is printed, and the MLflow run ends FAILED (it was left RUNNING)."""
@@ -395,20 +400,23 @@ def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run
     assert mlflow_run.data.tags["local_run.outcome"].startswith("failed at TrainDAPO: exit code 1: error:")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_path, capsys):
-    # A checkpoint every 4 steps and SIGINT once step 5 is printed: TrainDAPO has 11 steps to go, a margin that
-    # holds when this reader lags behind the run on a loaded machine (at step 11 of 16 it once did not).
+    """Ctrl-C while step 4's checkpoint is being saved and the in-training evaluation runs (a checkpoint every 2
+    steps, an evaluation every 4): TrainDAPO has 12 steps to go, a margin that holds when this reader lags behind
+    the run on a loaded machine (at step 11 of 16 it once did not). Then the resume."""
     config = tmp_path / "local.yaml"
     shipped = (Path(__file__).resolve().parents[1] / "config" / "local.yaml").read_text()
-    config.write_text(re.sub(r"(?m)^  save_every: \d+$", "  save_every: 4", shipped))
-    assert "  save_every: 4\n" in config.read_text()
+    config.write_text(re.sub(r"(?m)^  save_every: \d+$", "  save_every: 2",
+                             re.sub(r"(?m)^  eval_every: \d+$", "  eval_every: 4", shipped)))
+    assert "  save_every: 2\n" in config.read_text() and "  eval_every: 4\n" in config.read_text()
     proc = _start(tmp_path, "--config", str(config), "--train-rows", "300", "--eval-rows", "40",
                   "--param", "MaxSteps=16", "--param", "EvalSize=20")
     urls, lines = [], []
-    for line in proc.stdout:  # the checkpoint of step 4 (save_every) is written by now
+    for line in proc.stdout:  # the checkpoint of step 2 (save_every) is written by now, step 4's being written
         lines.append(line)
         urls += re.findall(r"http://127\.0\.0\.1:\d+", line)
-        if line.startswith("[TrainDAPO] train: step=5 "):
+        if line.startswith("[TrainDAPO] train: step=4 "):
             break
     running = proc.poll() is None  # for the failure message: a run already over cannot be interrupted
     masks = _signal_masks(proc.pid)  # for the failure message: a SIGINT blocked or ignored never arrives
@@ -438,8 +446,10 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     [killed] = _mlflow_runs(tmp_path)
     assert killed.info.status == "KILLED"
     run_dir = tmp_path / "runs" / run_id
-    assert "error: SIGINT received; the training session was stopped" in (run_dir / "logs/TrainDAPO.log").read_text()
     assert "training sessions created: 1, left running: 0\n" in out
+    [(session, status)] = re.findall(r"(dapo-\S+-TrainDAPO-\S+) (\w+)", out.split("training sessions created:")[1])
+    assert status == "Stopped"
+    assert_the_step_stopped_its_session_before_the_service_stopped(run_dir, session)
 
     # Resumed: same run id, same MLflow run; ValidateData kept, TrainDAPO from its checkpoint to MaxSteps only.
     assert _run(tmp_path, "--resume", run_id) == 0
@@ -453,7 +463,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     resumed_at = int(re.search(r"resuming from \S+ \(step (\d+)\)", attempts[1]).group(1))
     first = [int(n) for n in re.findall(r"^train: step=(\d+) ", attempts[0], re.M)]
     again = [int(n) for n in re.findall(r"^train: step=(\d+) ", attempts[1], re.M)]
-    assert 4 <= resumed_at < 16 and first[-1] >= 5 and again == list(range(resumed_at + 1, 17))
+    assert 2 <= resumed_at < 16 and first[-1] >= 4 and again == list(range(resumed_at + 1, 17))
     steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()
              if json.loads(l)["kind"] == "step"]
     assert steps == list(range(1, 17))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from local.toy_data import generate_rows
 from local.training_session.toy.tokenizer import ToyTokenizer
@@ -17,6 +18,7 @@ def greedy_accuracy(sampler, tok, rows) -> float:
     return float(np.mean([grade(a, gold_answer(r["answer"])).correct for a, r in zip(answers, rows)]))
 
 
+@pytest.mark.slow
 def test_plain_ppo_loop_through_the_sdk_raises_greedy_accuracy(service_client):
     from sagemaker.train.training_session import Datum, ModelInput, TensorData, TensorDtype
 

@@ -493,6 +493,7 @@ def test_the_request_log_counts_requests_and_refusals_by_operation_and_kind():
         }
 
 
+@pytest.mark.slow
 def test_every_request_of_a_training_run_and_its_resume_passes(tmp_path):
     """``python -m steps.train`` for two steps, then again to three: the rerun resumes (loadState)."""
     split = write_split(tmp_path / "data", 200, 40, seed=5)

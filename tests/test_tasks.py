@@ -337,6 +337,7 @@ SMALL = ("--param", "MaxSteps=1", "--param", "BatchSize=2", "--param", "GroupSiz
          "--param", "MaxNumGenBatches=4")
 
 
+@pytest.mark.slow
 def test_a_user_grader_refused_before_any_session_then_fixed_runs_end_to_end_on_resume(tmp_path, capsys):
     """The user's grader from a folder outside the project, without a reference(): its gold answers
     ('... #### 7') are not in its instructed form, so ValidateData refuses, naming rows; nothing billed. The user
@@ -405,11 +406,14 @@ LEARNS = ("--param", "MaxSteps=10", "--param", "BatchSize=12", "--param", "Learn
           "--param", "EvalSize=40")
 
 
-@pytest.mark.parametrize("fmt", ["answer_is", "boxed"])
+#: One format end to end (a local run costs ~25 s of CPU): the others' reading, prompts and fields are the same
+#: code with another TaskSpec, and tests/test_toy_formats.py has the DAPO loop teach the toy every one of them.
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["answer_is"])
 def test_a_local_run_on_the_users_files_learns_a_builtin_answer_format(tmp_path, capsys, fmt):
-    """`make local-run DATA=<dir> TASK=answer_is|boxed` on a MetaMathQA-style (question/answer, 'The answer is:
-    N') or MATH-style (problem/solution, '\\boxed{N}') dataset, no code changed: the trained adapter's strict
-    accuracy beats the base model's, the paired 95% interval above 0, and the run is approved."""
+    """`make local-run DATA=<dir> TASK=answer_is` on a MetaMathQA-style (question/answer, 'The answer is: N')
+    dataset, no code changed: the trained adapter's strict accuracy beats the base model's, the paired 95% interval
+    above 0, and the run is approved."""
     data = tmp_path / "mine"
     rows = generate_rows(240, 7, fmt)
     write(data / "train.jsonl", rows[:200]), write(data / "test.jsonl", rows[200:])

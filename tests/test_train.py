@@ -64,6 +64,7 @@ def running_sessions(service):
 
 
 # -- the loop learns ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_loop_learns_the_toy_task(learned_toy, local_service):
     """The training run is tests/learned_toy.py's (test_evaluate_approve evaluates the same model)."""
     from sagemaker.train.training_session import ServiceClient

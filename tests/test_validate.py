@@ -284,6 +284,7 @@ def _peak_bytes(tmp_path: Path, rows: int, eval_: Path) -> tuple[int, int]:
     return peak, train.stat().st_size
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_in_file_size(tmp_path, eval_file):
     small_peak, small_size = _peak_bytes(tmp_path, 20_000, eval_file)
     big_peak, big_size = _peak_bytes(tmp_path, 200_000, eval_file)

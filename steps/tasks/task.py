@@ -225,9 +225,15 @@ def load_entry_point(spec: str, code_dir: str | None) -> Any:
     here: in the step image the code is at IMAGE_TASK_CODE, on its PYTHONPATH); a class or a factory is called."""
     module_name, _, attr = spec.partition(":")
     where = [str(Path(code_dir).expanduser().resolve())] if code_dir and Path(code_dir).expanduser().is_dir() else []
-    for path in where:
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    for path in where:  # first, even if an earlier import put it further back
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+    if where:  # imported from code_dir as it is now, not as an earlier run in this process found it, or another dir
+        top = module_name.split(".")[0]
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
