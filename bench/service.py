@@ -8,13 +8,13 @@ were created with) and read through ``GET /_admin/costs``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
+from local.stack import environment
 from local.training_session.costs import Costs
 
 ENDPOINT_ENV_VARS = ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT")
@@ -50,16 +50,8 @@ def local_service() -> Iterator[Service]:
         if not line.startswith("listening on "):
             raise RuntimeError(f"the local service did not start: {line!r}")
         url = line.split()[-1]
-        saved = {k: os.environ.get(k) for k in (*ENDPOINT_ENV_VARS, *AWS_ENV)}
-        os.environ.update({**AWS_ENV, **{k: url for k in ENDPOINT_ENV_VARS}})
-        try:
+        with environment({**AWS_ENV, **{k: url for k in ENDPOINT_ENV_VARS}}):
             yield Service(url)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     finally:
         proc.terminate()
         proc.wait(timeout=30)

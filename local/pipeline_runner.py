@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from local.stack import stop_process
 from pipeline.expressions import (
     Environment,
     ExpressionError,
@@ -222,7 +223,7 @@ class LocalExecution:
                 code = proc.wait()
             finally:
                 if proc is not None and proc.poll() is None:  # interrupted: SIGTERM, and the step stops its session
-                    _stop_step(proc, log)
+                    stop_process(proc, STOP_GRACE_SECONDS, out=log)  # a supervised step dies with its supervisor
                 log.write(f"== exit code {proc.returncode if proc else 'none: not started'}\n")
         if code != 0:
             # The step's own `error:` message (steps/cli.py prints one), not what its interpreter printed on
@@ -365,21 +366,6 @@ def _sigint_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
         elif caught and previous == signal.SIG_DFL:
             os.kill(os.getpid(), signal.SIGINT)
-
-
-def _stop_step(proc: subprocess.Popen, log: Any) -> None:
-    """SIGTERM, :data:`STOP_GRACE_SECONDS`, then SIGKILL (at once if the wait is interrupted): the step's process
-    never outlives its run. What it says on its way out goes to its log, and reading keeps its pipe from filling.
-    A supervised step's own process dies with its supervisor (steps/supervise.py)."""
-    try:
-        proc.terminate()
-        log.write(proc.communicate(timeout=STOP_GRACE_SECONDS)[0])
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _property_file_steps(step: dict[str, Any]) -> set[str]:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from local.stack import REGION, ROOT
+from local.stack import REGION, ROOT, SERVICE_GRACE_SECONDS
 from steps.cli import Refused, run_step
 from steps.config import RunConfig, config_from_dict
 
@@ -62,29 +61,18 @@ def keep_only_the_adapter(run_dir: Path) -> None:
 def local_service(run_dir: Path) -> Iterator[str]:
     """The local training-session service on the run's model packages, and this process's AWS environment pointed
     at it (restored afterwards); yields its URL."""
-    from local.stack import _start_service
+    from local.stack import _start_service, environment, stop_process
 
     with open(run_dir / "training-session-service.log", "a") as log:
         proc, url = _start_service(["--state-dir", str(run_dir / SERVICE_STATE)], log)
         env = {"SAGEMAKER_TRAINING_SESSION_ENDPOINT": url, "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": url,
                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
                "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION, "SAGEMAKER_VALIDATE_ROLE": "false"}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         try:
-            yield url
+            with environment(env):
+                yield url
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except Exception:  # noqa: BLE001 - it did not stop: kill it, nothing is left running
-                proc.kill()
-                proc.wait()
+            stop_process(proc, SERVICE_GRACE_SECONDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

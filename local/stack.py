@@ -18,9 +18,10 @@ import os
 import subprocess
 import sys
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator, Mapping
 
 REGION = "us-west-2"
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,20 +50,37 @@ def _start_service(extra_args: list[str], log: Any) -> tuple[subprocess.Popen, s
     return proc, line.split("listening on ", 1)[1].strip()
 
 
-def stop_process(proc: subprocess.Popen, grace: float) -> None:
+def stop_process(proc: subprocess.Popen, grace: float, out: IO[str] | None = None) -> None:
     """SIGTERM (and the end of its stdin), then SIGKILL after ``grace`` seconds, or at once if the wait is
-    interrupted: the process never outlives the call."""
+    interrupted: the process never outlives the call. What it still prints on its way out goes to ``out`` (reading
+    its pipe also keeps it from filling and blocking the process's exit)."""
     try:
-        if proc.stdin is not None:
-            proc.stdin.close()
         proc.terminate()
-        proc.wait(timeout=grace)
+        printed = proc.communicate(timeout=grace)[0]  # it closes the stdin pipe, if there is one
+        if out is not None and printed:
+            out.write(printed)
     except subprocess.TimeoutExpired:
         pass
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set (the SDK and boto3 read their endpoints and credentials
+    there), restored afterwards: a variable that was unset is unset again."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass
