@@ -5,6 +5,7 @@ schema at every lookup), so one cached build of config/local.yaml serves every t
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -33,12 +34,18 @@ EVALUATION = "Steps.EvaluateModel.ProcessingOutputConfig.Outputs['evaluation'].S
 REPORT = "Steps.EvaluateModel.PropertyFiles.EvaluationReport"
 
 
-@functools.cache
 def local_build() -> dict[str, Any]:
     """`python -m pipeline.definition` on config/local.yaml, and every connection it attempted.
 
-    Cached for the whole test run (building costs the SDK seconds); tests/test_iam.py reads it too.
+    Built once for the whole test run (building costs the SDK seconds); tests/test_iam.py reads it too. Each caller
+    gets a copy of its own: a test that edits the definition (tests/test_reevaluate.py takes an input out) once
+    changed it for every test after it in that worker.
     """
+    return copy.deepcopy(_local_build())
+
+
+@functools.cache
+def _local_build() -> dict[str, Any]:
     connects: list[Any] = []
     real_connect = socket.socket.connect
 
