@@ -231,7 +231,7 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
                       train_examples=train, eval_examples=evaluation,
                       metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: None),
                       checkpoint_dir=workdir / "ckpt",
-                      on_batch=lambda step, batch: drawn.extend((step, g.example_index, outcome(g))
+                      on_batch=lambda step, batch: drawn.extend((step, g.example_index, outcome_of(g))
                                                                 for g in batch.sampled))
     try:
         outcome = trainer.run(LoopState(seed=seed))
@@ -255,7 +255,7 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
             "consistency": temporal_consistency(drawn)}
 
 
-def outcome(group: Group) -> int:
+def outcome_of(group: Group) -> int:
     """A group's outcome as selective rollouts' history records it."""
     return MIXED if group.is_informative() else ALL_WRONG if group.all_wrong() else ALL_RIGHT
 
