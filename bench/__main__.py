@@ -160,26 +160,6 @@ def write(results: dict[str, Any]) -> None:
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
-def only_selective(parts: Sequence[str] = selective.PARTS, reuse_without: bool = False) -> int:
-    """``--only selective``: selective rollouts measured (``parts``: both, or one), the rest of results.json kept
-    as it is (re-read before writing: nothing else of it is this run's, so the two parts may run at once)."""
-    previous = json.loads((HERE / "results.json").read_text(encoding="utf-8"))
-    measured = selective.measure(parts, previous.get("selective"), reuse_without=reuse_without)
-    results = json.loads((HERE / "results.json").read_text(encoding="utf-8"))
-    kept = {part: figures for part, figures in results.get("selective", {}).items() if part in selective.PARTS}
-    results["selective"] = {**kept, **{part: measured[part] for part in parts}}
-    write(results)
-    return render_selective(results)
-
-
-def render_selective(results: dict[str, Any]) -> int:
-    """The "Selective rollouts" section of bench/README.md, from ``results``."""
-    body = selective.render(results)
-    selective.update_readme(HERE / "README.md", body)
-    print(body)
-    return 0
-
-
 def render(results: dict[str, Any]) -> int:
     """The plot and the tables of the READMEs, from ``results``."""
     report.plot_loops(results, HERE / "loops.png")
@@ -187,7 +167,7 @@ def render(results: dict[str, Any]) -> int:
     report.update_readme(ROOT / "docs" / "benchmarks.md", report.render_summary(results))
     print(report.render(results))
     if "selective" in results:
-        render_selective(results)
+        selective.render_section(results)
     print(f"\nwrote {HERE / 'results.json'}, {HERE / 'loops.png'} and the tables in {HERE / 'README.md'} and "
           f"{ROOT / 'docs' / 'benchmarks.md'}")
     return 0
@@ -202,7 +182,7 @@ if __name__ == "__main__":
         part = sys.argv[2].partition(":")[2]
         if part and part not in selective.PARTS:
             raise SystemExit(f"--only {sys.argv[2]}: the parts of selective are {', '.join(selective.PARTS)}")
-        raise SystemExit(only_selective([part] if part else selective.PARTS))
+        raise SystemExit(selective.only([part] if part else selective.PARTS))
     if sys.argv[1:2] in (["--only"], ["--only-partial"]) and len(sys.argv) == 3:
         raise SystemExit(only(sys.argv[2], partial=sys.argv[1] == "--only-partial"))
     raise SystemExit(main())

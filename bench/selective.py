@@ -430,6 +430,28 @@ def measure(parts: Sequence[str] = PARTS, previous: dict[str, Any] | None = None
     return section
 
 
+def only(parts: Sequence[str] = PARTS, reuse_without: bool = False) -> int:
+    """``python -m bench --only selective``: selective rollouts measured (``parts``: both, or one), the rest of
+    results.json kept as it is (re-read before writing: nothing else of it is this run's, so the two parts may
+    run at once)."""
+    path = HERE / "results.json"
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    measured = measure(parts, previous.get("selective"), reuse_without=reuse_without)
+    results = json.loads(path.read_text(encoding="utf-8"))
+    kept = {part: figures for part, figures in results.get("selective", {}).items() if part in PARTS}
+    results["selective"] = {**kept, **{part: measured[part] for part in parts}}
+    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    return render_section(results)
+
+
+def render_section(results: dict[str, Any]) -> int:
+    """The "Selective rollouts" section of bench/README.md, from ``results``."""
+    body = render(results)
+    update_readme(HERE / "README.md", body)
+    print(body)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench.selective``: ``python -m bench --only selective`` with a choice of part and re-rendering."""
     p = argparse.ArgumentParser(prog="python -m bench.selective", description=__doc__.splitlines()[0])
@@ -438,11 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="bench: keep the stored runs without skipping, measure only those with it")
     p.add_argument("--render", action="store_true", help="re-render bench/README.md's section from results.json")
     args = p.parse_args(argv)
-    from bench.__main__ import only_selective, render_selective
-
     if args.render:
-        return render_selective(json.loads((HERE / "results.json").read_text(encoding="utf-8")))
-    return only_selective([args.only] if args.only else PARTS, reuse_without=args.reuse_without)
+        return render_section(json.loads((HERE / "results.json").read_text(encoding="utf-8")))
+    return only([args.only] if args.only else PARTS, reuse_without=args.reuse_without)
 
 
 if __name__ == "__main__":
