@@ -5,6 +5,8 @@ The training loops run against the local service's cost model in a matrix of cos
 (``bench/loops.py``), so their figures are simulated GPU seconds of a ~30B model's service, read
 as ratios; the client-side figures (overhead, tracking, validation) are this machine's own. The
 scenarios vary the base costs: the service's defaults, or what ``LOCAL_TS_COST_*`` sets.
+Selective rollouts are measured last (``bench/selective.py``: the scripted bench and the learning toy, with and
+without), into ``results["selective"]``; ``--only selective`` measures only them, keeping the rest.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench import loops, overhead, parity, report, tracking, validation
+from bench import loops, overhead, parity, report, selective, tracking, validation
 from bench.service import local_service
 from local.toy_data import write_split
 from local.training_session.costs import Costs
@@ -141,14 +143,21 @@ def main() -> int:
         "validation": {"sizes": sizes, "marginal_rows_per_s":
                        (large["rows"] - small["rows"]) / (large["wall_s"] - small["wall_s"])},
     }
-    results["bench_seconds"] = time.monotonic() - t0
-    # Selective rollouts are measured apart (python -m bench.selective, ~50 min here): their figures are kept.
+    # Written before selective rollouts are measured (~50 min on a shared machine), with the last figures of
+    # those: should their measurement fail, the hour of loops is kept and `--only selective` completes it.
     stored = HERE / "results.json"
     if stored.exists() and "selective" in (previous := json.loads(stored.read_text(encoding="utf-8"))):
         results["selective"] = previous["selective"]
-    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    write(results)
     PARTIAL.unlink(missing_ok=True)
+    results["selective"] = selective.measure()
+    results["bench_seconds"] = time.monotonic() - t0
+    write(results)
     return render(results)
+
+
+def write(results: dict[str, Any]) -> None:
+    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
 def render(results: dict[str, Any]) -> int:
@@ -157,6 +166,8 @@ def render(results: dict[str, Any]) -> int:
     report.update_readme(HERE / "README.md", report.render(results))
     report.update_readme(ROOT / "docs" / "benchmarks.md", report.render_summary(results))
     print(report.render(results))
+    if "selective" in results:
+        selective.render_section(results)
     print(f"\nwrote {HERE / 'results.json'}, {HERE / 'loops.png'} and the tables in {HERE / 'README.md'} and "
           f"{ROOT / 'docs' / 'benchmarks.md'}")
     return 0
@@ -166,6 +177,12 @@ if __name__ == "__main__":
     # --render: the plot and the README tables again from bench/results.json, measuring nothing.
     if sys.argv[1:] == ["--render"]:
         raise SystemExit(render(json.loads((HERE / "results.json").read_text(encoding="utf-8"))))
+    # --only selective (or selective:bench, selective:toy): selective rollouts alone, the rest of results.json kept.
+    if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3 and sys.argv[2].split(":")[0] == "selective":
+        part = sys.argv[2].partition(":")[2]
+        if part and part not in selective.PARTS:
+            raise SystemExit(f"--only {sys.argv[2]}: the parts of selective are {', '.join(selective.PARTS)}")
+        raise SystemExit(selective.only([part] if part else selective.PARTS))
     if sys.argv[1:2] in (["--only"], ["--only-partial"]) and len(sys.argv) == 3:
         raise SystemExit(only(sys.argv[2], partial=sys.argv[1] == "--only-partial"))
     raise SystemExit(main())

@@ -1,8 +1,9 @@
 """Selective rollouts (``dapo.selective_rollouts``, steps/dapo/selective.py), measured with and without.
 
-Runnable alone: ``python -m bench.selective`` (``--only toy`` or ``--only bench``; ``--render`` re-renders from
-results.json). It writes its figures into bench/results.json under the key ``selective`` and its own section of
-bench/README.md, leaving the rest of both as they are.
+Part of ``make bench`` (:func:`measure`, after the loops), which writes its figures into bench/results.json under
+the key ``selective`` and renders its own section of bench/README.md. ``python -m bench --only selective``
+measures only this, keeping the rest of both; ``python -m bench.selective`` is the same with ``--only toy`` or
+``--only bench`` (one part), ``--reuse-without`` and ``--render`` (re-render from results.json).
 
 1. **The scripted bench** (:func:`measure_bench`): the ``default`` loop of ``bench/loops.py`` under the cost
    model's default costs, with and without selective rollouts, at keep rates 20% and 5% and temporal
@@ -25,13 +26,13 @@ bench/README.md, leaving the rest of both as they are.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -45,6 +46,8 @@ from local.training_session.toy.tokenizer import HF_FILES
 from steps.config import load_config
 from steps.dapo import metrics as metrics_io
 from steps.dapo.loop import Trainer
+from steps.dapo.sampling import Group
+from steps.dapo.selective import ALL_RIGHT, ALL_WRONG, MIXED
 from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example, load_examples
@@ -162,17 +165,14 @@ def measure_bench(progress: Callable[[str], None] = print,
     takes the same path whatever the selective code does, and its 5% keep runs are the bench's longest."""
     costs = loops.base_costs()
     tokenizer = load_tokenizer(None, None, HF_FILES)
-    runs: list[dict[str, Any]] = []
-    try:
-        _measure_bench(runs, costs, tokenizer, progress, reuse)
-    except subprocess.TimeoutExpired as exc:  # the service took over 30 s to stop (a loaded machine): runs are done
-        progress(f"selective: the local service was slow to stop ({exc}); the measurements are complete")
+    runs = _measure_bench(costs, tokenizer, progress, reuse)
     return {"costs": costs.to_dict(), "steps": STEPS, "window": WINDOW, "first_line": FIRST_LINE,
             "rows_per_kept": ROWS_PER_KEPT, "runs": runs, "comparisons": bench_comparisons(runs)}
 
 
-def _measure_bench(runs: list[dict[str, Any]], costs: Costs, tokenizer: Any, progress: Callable[[str], None],
-                   reuse: Sequence[dict[str, Any]]) -> None:
+def _measure_bench(costs: Costs, tokenizer: Any, progress: Callable[[str], None],
+                   reuse: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, local_service() as service:
         train_path, _ = write_split(tmp, 2000, 0, seed=3)
         examples = load_examples(train_path)
@@ -198,25 +198,6 @@ def _measure_bench(runs: list[dict[str, Any]], costs: Costs, tokenizer: Any, pro
                         runs.append(result)
         finally:
             service.set_costs(Costs.from_mapping(saved))
-
-
-LINE = re.compile(r"selective: consistency=(?P<consistency>[\d.]+) keep=(?P<keep>\d+)% selective=(?P<selective>\w+) "
-                  r"step=(?P<step_s>[\d.]+)s \((?P<steps_per_hour>\d+)/h\) "
-                  r"sampled/trained=(?P<sampled_per_trained>[\d.]+) "
-                  r"groups/step=(?P<groups_sampled_mean>\d+) skipped/step=(?P<skipped_prompts_mean>\d+) "
-                  r"keep=(?P<observed_keep_rate>[\d.]+)")
-
-
-def runs_from_log(text: str) -> list[dict[str, Any]]:
-    """The bench's runs as its progress lines give them (rounded as printed), for a run whose process died after
-    measuring (``--from-log``): the summaries' other figures are not in the lines."""
-    runs = []
-    for m in LINE.finditer(text):
-        spec = BenchSpec(float(m["consistency"]), int(m["keep"]) / 100, m["selective"] == "True")
-        summary = {k: float(m[k]) for k in ("step_s", "steps_per_hour", "sampled_per_trained", "groups_sampled_mean",
-                                            "skipped_prompts_mean", "observed_keep_rate")}
-        runs.append({"spec": {**asdict(spec), "rows": spec.rows, "steps": STEPS}, "summary": summary,
-                     "source": "progress line"})
     return runs
 
 
@@ -245,12 +226,12 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
                                      "save_every": TOY_STEPS, "selective_rollouts": selective,
                                      "max_num_gen_batches": TOY_MAX_NUM_GEN_BATCHES})
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
-    drawn: list[tuple[int, bool]] = []  # (prompt, mixed) of every group sampled, in order
+    drawn: list[tuple[int, int, int]] = []  # (step, prompt, outcome) of every group sampled, in order
     trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
                       train_examples=train, eval_examples=evaluation,
                       metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: None),
                       checkpoint_dir=workdir / "ckpt",
-                      on_batch=lambda step, batch: drawn.extend((g.example_index, g.is_informative())
+                      on_batch=lambda step, batch: drawn.extend((step, g.example_index, outcome_of(g))
                                                                 for g in batch.sampled))
     try:
         outcome = trainer.run(LoopState(seed=seed))
@@ -268,24 +249,41 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
             "billed_sample_tokens": steps[-1]["sample_tokens"] if steps else 0,
             "groups_sampled": sum(r["groups_sampled"] for r in steps),
             "skipped_prompts": sum(r.get("skipped_prompts", 0) for r in steps),
+            # Passes over the training rows: of the groups sampled, and of the prompts drawn (skipped ones too).
+            "epochs_sampled": sum(r["groups_sampled"] for r in steps) / len(train),
+            "epochs_drawn": sum(r["groups_sampled"] + r.get("skipped_prompts", 0) for r in steps) / len(train),
             "consistency": temporal_consistency(drawn)}
 
 
-def temporal_consistency(drawn: Sequence[tuple[int, bool]]) -> dict[str, Any]:
+def outcome_of(group: Group) -> int:
+    """A group's outcome as selective rollouts' history records it."""
+    return MIXED if group.is_informative() else ALL_WRONG if group.all_wrong() else ALL_RIGHT
+
+
+def temporal_consistency(drawn: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
     """How well a prompt's last group predicted its next, over consecutive draws of the same prompt: the chance
-    it kept its character, and its chance of being mixed after a mixed group and after an all-equal one. GRESO's
-    premise is that the last two differ widely; where they are alike, the history cannot tell what to skip."""
-    last: dict[int, bool] = {}
-    pairs: list[tuple[bool, bool]] = []
-    for prompt, mixed in drawn:
+    it kept its character (mixed, or all-equal), its chance of being mixed after a mixed group and after an
+    all-equal one, where a mixed group went (all right next time: the toy learned it), and the optimizer steps
+    between the two draws. GRESO's premise is that the chances after mixed and after all-equal differ widely;
+    where they are alike, the history cannot tell what to skip."""
+    last: dict[int, tuple[int, int]] = {}
+    pairs: list[tuple[int, int, int]] = []  # (outcome before, outcome after, steps between)
+    for step, prompt, kind in drawn:
         if prompt in last:
-            pairs.append((last[prompt], mixed))
-        last[prompt] = mixed
-    after_mixed = [b for a, b in pairs if a]
-    after_equal = [b for a, b in pairs if not a]
-    return {"pairs": len(pairs), "kept_character": sum(a == b for a, b in pairs) / len(pairs) if pairs else None,
-            "mixed_after_mixed": sum(after_mixed) / len(after_mixed) if after_mixed else None,
-            "mixed_after_all_equal": sum(after_equal) / len(after_equal) if after_equal else None}
+            pairs.append((last[prompt][1], kind, step - last[prompt][0]))
+        last[prompt] = (step, kind)
+
+    def share(of: Sequence[tuple[int, int, int]], kinds: tuple[int, ...]) -> float | None:
+        return sum(b in kinds for _, b, _ in of) / len(of) if of else None
+
+    after_mixed = [p for p in pairs if p[0] == MIXED]
+    after_equal = [p for p in pairs if p[0] != MIXED]
+    return {"pairs": len(pairs),
+            "kept_character": sum((a == MIXED) == (b == MIXED) for a, b, _ in pairs) / len(pairs) if pairs else None,
+            "mixed_after_mixed": share(after_mixed, (MIXED,)),
+            "all_right_after_mixed": share(after_mixed, (ALL_RIGHT,)),
+            "mixed_after_all_equal": share(after_equal, (MIXED,)),
+            "steps_between_draws": statistics.mean(gap for _, _, gap in pairs) if pairs else None}
 
 
 def measure_toy(progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -334,17 +332,16 @@ def toy_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def render(results: dict[str, Any]) -> str:
     """The section of bench/README.md: the bench's comparisons and the toy's, with the targets met or missed."""
     sel = results.get("selective", {})
-    took = ", ".join(f"{k.split('_', 1)[1]} {v:.0f} s" for k, v in sel.items() if k.startswith("seconds_"))
-    lines = [f"Run of {sel.get('date', '?')}; `python -m bench.selective` took {took or '?'} (this machine, shared)."]
+    took = "; ".join(f"{name} on {sel[part].get('date', '?')}, {sel[part].get('seconds', float('nan')):.0f} s"
+                     for part, name in (("bench", "the scripted bench"), ("toy", "the toy")) if part in sel)
+    lines = [f"Measured by `make bench` (`python -m bench --only selective` alone): {took or 'not yet'} "
+             "(this machine, shared)."]
     bench = sel.get("bench")
     if bench:
         lines += ["", f"The `default` loop at the cost model's default costs, batch 32 x group 8, "
                   f"{bench['steps']}-step "
                   f"runs timed over a balanced window of {bench['window']} steps from train line "
-                  f"{bench['first_line']} on; training set {bench['rows_per_kept']} / keep questions."
-                  + (f" Figures from the {bench['source']} (its process failed in the local service's shutdown "
-                     "once every run was measured; the other per-run figures were lost)." if bench.get("source")
-                     else ""), "",
+                  f"{bench['first_line']} on; training set {bench['rows_per_kept']} / keep questions.", "",
                   "| consistency | keep | steps/h without | steps/h with | speedup | target | sampled/trained without "
                   "| with | groups sampled a step without | with | skipped a step |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -380,18 +377,24 @@ def render(results: dict[str, Any]) -> str:
         off = [r["consistency"] for r in toy["runs"] if not r["selective"] and r.get("consistency", {}).get("pairs")]
         if off:
             def avg(key: str) -> float:
-                return statistics.mean(c[key] for c in off if c[key] is not None)
+                return statistics.mean(c[key] for c in off if c.get(key) is not None)
 
+            after_mixed = (f"mixed after a mixed group {avg('mixed_after_mixed'):.0%}"
+                           + (f" (all right {avg('all_right_after_mixed'):.0%})" if "all_right_after_mixed" in off[0]
+                              else ""))
+            between = (f"; {avg('steps_between_draws'):.1f} steps between two draws of a prompt"
+                       if "steps_between_draws" in off[0] else "")
             lines += ["", f"The toy's temporal consistency, without skipping (consecutive draws of a prompt, mean over "
-                      f"seeds): it kept its character {avg('kept_character'):.0%} of the time; mixed after a mixed "
-                      f"group {avg('mixed_after_mixed'):.0%}, after an all-equal one "
-                      f"{avg('mixed_after_all_equal'):.0%}."]
+                      f"seeds): it kept its character {avg('kept_character'):.0%} of the time; {after_mixed}, "
+                      f"after an all-equal one {avg('mixed_after_all_equal'):.0%}{between}."]
         lines += ["", "| seed | selective | sampled/trained | billed sample tokens | groups sampled | skipped | "
-                  "accuracy 10 / 20 / 30 |", "|---|---|---|---|---|---|---|"]
+                  "epochs sampled / drawn | accuracy 10 / 20 / 30 |", "|---|---|---|---|---|---|---|---|"]
         for r in toy["runs"]:
             acc = " / ".join(f"{r['accuracy'].get(str(k), float('nan')):.3f}" for k in TOY_EVAL_STEPS)
+            epochs = (f"{r['epochs_sampled']:.1f} / {r['epochs_drawn']:.1f}" if "epochs_sampled" in r else "-")
             lines.append(f"| {r['seed']} | {'on' if r['selective'] else 'off'} | {r['sampled_per_trained']:.2f} | "
-                         f"{r['billed_sample_tokens']:,} | {r['groups_sampled']} | {r['skipped_prompts']} | {acc} |")
+                         f"{r['billed_sample_tokens']:,} | {r['groups_sampled']} | {r['skipped_prompts']} | "
+                         f"{epochs} | {acc} |")
     return "\n".join(lines)
 
 
@@ -406,46 +409,60 @@ def update_readme(path: Path, body: str) -> None:
     path.write_text(f"{head}{START}\n{body}\n{END}{rest.split(END, 1)[1]}", encoding="utf-8")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import datetime
-    import time
+PARTS = ("bench", "toy")
 
-    p = argparse.ArgumentParser(prog="python -m bench.selective", description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=("toy", "bench"), help="measure one part; the other's figures are kept")
-    p.add_argument("--reuse-without", action="store_true",
-                   help="bench: keep the stored runs without skipping, measure only those with it")
-    p.add_argument("--from-log", metavar="PATH",
-                   help="bench: take the runs from a measuring run's output (its progress lines), measuring nothing")
-    p.add_argument("--render", action="store_true", help="re-render bench/README.md's section from results.json")
-    args = p.parse_args(argv)
-    path = HERE / "results.json"
-    results = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    if not args.render:
+
+def measure(parts: Sequence[str] = PARTS, previous: dict[str, Any] | None = None, reuse_without: bool = False,
+            progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """results.json's ``selective`` section: ``parts`` measured now (each with its date and seconds), any other
+    part kept from ``previous`` (the section as stored). ``reuse_without``: the bench's runs without skipping are
+    taken from ``previous`` (see :func:`measure_bench`)."""
+    previous = previous or {}
+    section = {part: previous[part] for part in PARTS if part not in parts and part in previous}
+    for part in parts:
         t0 = time.monotonic()
-        sel = dict(results.get("selective", {}))
-        if args.only in (None, "bench"):
-            stored = results.get("selective", {}).get("bench", {}).get("runs", []) if args.reuse_without else []
-            if args.from_log:
-                runs = runs_from_log(Path(args.from_log).read_text(encoding="utf-8"))
-                sel["bench"] = {"steps": STEPS, "window": WINDOW, "first_line": FIRST_LINE,
-                                "rows_per_kept": ROWS_PER_KEPT, "runs": runs, "comparisons": bench_comparisons(runs),
-                                "source": "progress lines of the measuring run"}
-            else:
-                sel["bench"] = measure_bench(reuse=[r for r in stored if not r["spec"]["selective"]])
-        if args.only in (None, "toy"):
-            sel["toy"] = measure_toy()
-        sel["date"], sel["seconds"] = datetime.date.today().isoformat(), time.monotonic() - t0
-        # Re-read before writing: only the "selective" key is this module's, and of it only the parts measured now.
-        results = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-        measured = {k: v for k, v in sel.items() if k in ("bench", "toy") and (args.only in (None, k))}
-        results["selective"] = {**results.get("selective", {}), **measured, "date": sel["date"]}
-        if not args.from_log:
-            results["selective"][f"seconds_{args.only or 'all'}"] = sel["seconds"]
-        path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        if part == "bench":
+            stored = previous.get("bench", {}).get("runs", []) if reuse_without else []
+            figures = measure_bench(progress, reuse=[r for r in stored if not r["spec"]["selective"]])
+        else:
+            figures = measure_toy(progress)
+        section[part] = {**figures, "date": datetime.date.today().isoformat(), "seconds": time.monotonic() - t0}
+    return section
+
+
+def only(parts: Sequence[str] = PARTS, reuse_without: bool = False) -> int:
+    """``python -m bench --only selective``: selective rollouts measured (``parts``: both, or one), the rest of
+    results.json kept as it is (re-read before writing: nothing else of it is this run's, so the two parts may
+    run at once)."""
+    path = HERE / "results.json"
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    measured = measure(parts, previous.get("selective"), reuse_without=reuse_without)
+    results = json.loads(path.read_text(encoding="utf-8"))
+    kept = {part: figures for part, figures in results.get("selective", {}).items() if part in PARTS}
+    results["selective"] = {**kept, **{part: measured[part] for part in parts}}
+    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    return render_section(results)
+
+
+def render_section(results: dict[str, Any]) -> int:
+    """The "Selective rollouts" section of bench/README.md, from ``results``."""
     body = render(results)
     update_readme(HERE / "README.md", body)
     print(body)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.selective``: ``python -m bench --only selective`` with a choice of part and re-rendering."""
+    p = argparse.ArgumentParser(prog="python -m bench.selective", description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=PARTS, help="measure one part; the other's figures are kept")
+    p.add_argument("--reuse-without", action="store_true",
+                   help="bench: keep the stored runs without skipping, measure only those with it")
+    p.add_argument("--render", action="store_true", help="re-render bench/README.md's section from results.json")
+    args = p.parse_args(argv)
+    if args.render:
+        return render_section(json.loads((HERE / "results.json").read_text(encoding="utf-8")))
+    return only([args.only] if args.only else PARTS, reuse_without=args.reuse_without)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ A separate process, as a real service would be: its numpy work and HTTP
 handling do not compete with the client for the client's GIL. Its cost model is
 set between runs through ``POST /_admin/costs`` (sessions keep the settings they
 were created with) and read through ``GET /_admin/costs``.
+
+It is stopped as ``make local-run`` stops its own (``local/stack.py``): SIGTERM, then SIGKILL after a grace,
+and it ends by itself if this process dies (its stdin closes). A service slow to stop (sampling operations
+a finished run left computing) never fails a measurement that is done, nor outlives it.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
-from local.stack import environment
+from local.stack import SERVICE_GRACE_SECONDS, environment, stop_process
 from local.training_session.costs import Costs
 
 ENDPOINT_ENV_VARS = ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT")
@@ -43,8 +47,8 @@ class Service:
 @contextmanager
 def local_service() -> Iterator[Service]:
     """Start ``python -m local.training_session`` on 127.0.0.1, point the SDK at it, stop it after."""
-    proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "local.training_session", "--host", "127.0.0.1", "--port", "0",
+                             "--stop-when-stdin-closes"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # blocks until the service prints it is ready (or exits)
         if not line.startswith("listening on "):
@@ -53,5 +57,4 @@ def local_service() -> Iterator[Service]:
         with environment({**AWS_ENV, **{k: url for k in ENDPOINT_ENV_VARS}}):
             yield Service(url)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc, SERVICE_GRACE_SECONDS)
