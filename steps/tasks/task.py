@@ -7,6 +7,7 @@ grades to check the grader against each row's own gold answer (``reference``).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -220,6 +221,21 @@ class CustomTask(RowTask):
         return {"name": self.name, "grader": self.cfg.grader, "code_dir": self.cfg.code_dir}
 
 
+#: The task.code_dir folders graders were imported from in this process.
+_CODE_DIRS: set[str] = set()
+
+
+def _forget_user_modules(top: str) -> None:
+    """Drop the cached modules ``top`` and ``top.*`` that came from a task.code_dir, so the grader is imported from
+    the folder as it is now: an earlier run in this process (another folder, or an older version of the file) does
+    not hand back its module. Modules from anywhere else (the project's own, installed packages) stay."""
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None) or ""
+        if (name == top or name.startswith(top + ".")) and any(origin.startswith(d + os.sep) for d in _CODE_DIRS):
+            del sys.modules[name]
+    importlib.invalidate_caches()
+
+
 def load_entry_point(spec: str, code_dir: str | None) -> Any:
     """The object ``package.module:attr`` names, imported with ``code_dir`` first on sys.path (when it exists
     here: in the step image the code is at IMAGE_TASK_CODE, on its PYTHONPATH); a class or a factory is called."""
@@ -229,11 +245,9 @@ def load_entry_point(spec: str, code_dir: str | None) -> Any:
         if path in sys.path:
             sys.path.remove(path)
         sys.path.insert(0, path)
-    if where:  # imported from code_dir as it is now, not as an earlier run in this process found it, or another dir
-        top = module_name.split(".")[0]
-        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
-            del sys.modules[name]
-        importlib.invalidate_caches()
+        _CODE_DIRS.add(path)
+    if where:
+        _forget_user_modules(module_name.split(".")[0])
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
