@@ -196,6 +196,18 @@ def run(spec: LoopSpec, costs: Costs, service: Service, client: Any, tokenizer: 
         workdir: Path) -> dict[str, Any]:
     """One run of ``spec.steps`` steps on a session of its own (created under ``costs``); its rows and window."""
     cfg = load_config(LOCAL_CONFIG, run_config(spec, BENCH_LEARNING_RATE))
+    records, steps, usage = run_trainer(spec, cfg, ScriptedGsm8k(spec.keep, spec.group_size), costs, service, client,
+                                        tokenizer, examples, workdir)
+    window = balanced_window([bool(r["sampled_ahead"]) for r in records])
+    return {"spec": asdict(spec), "steps": steps, "window": window,
+            "summary": summarise(steps, window, usage, costs)}
+
+
+def run_trainer(spec: LoopSpec, cfg: Any, task: Any, costs: Costs, service: Service, client: Any, tokenizer: Any,
+                examples: Sequence[Example], workdir: Path) -> tuple[list[dict], list[dict[str, Any]], dict]:
+    """The ``Trainer`` of ``cfg`` (``spec``'s loop) for ``spec.steps`` steps of ``task`` on a session of its own:
+    its step records, its rows (:func:`step_rows`) and the session's simulated clock and GPU use at each train
+    line. bench/selective.py runs its own grader and settings through it."""
     usage: dict[int, dict[str, float]] = {}  # the session's simulated clock and GPU use at each train line
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
     session = training_client.training_session_name
@@ -206,9 +218,8 @@ def run(spec: LoopSpec, costs: Costs, service: Service, client: Any, tokenizer: 
 
     recorder = Recorder()
     trainer = Trainer(
-        training_client=training_client, cfg=cfg.dapo, task=ScriptedGsm8k(spec.keep, spec.group_size),
-        tokenizer=tokenizer, train_examples=examples, eval_examples=[],
-        metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
+        training_client=training_client, cfg=cfg.dapo, task=task, tokenizer=tokenizer, train_examples=examples,
+        eval_examples=[], metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
         checkpoint_dir=workdir / "ckpt", policy=policy(spec.loop, cfg.dapo), on_batch=recorder,
         clock=lambda: service.costs()["sessions"][session]["simulated_s"])
     try:
@@ -218,10 +229,7 @@ def run(spec: LoopSpec, costs: Costs, service: Service, client: Any, tokenizer: 
     if outcome.state.step != spec.steps:
         raise RuntimeError(f"{spec}: only {outcome.state.step} steps ({outcome.state.stop_reason})")
     records = [r for r in metrics_io.read(workdir / "metrics.jsonl") if r["kind"] == "step"]
-    steps = step_rows(recorder, records, usage, costs, spec)
-    window = balanced_window([bool(r["sampled_ahead"]) for r in records])
-    return {"spec": asdict(spec), "steps": steps, "window": window,
-            "summary": summarise(steps, window, usage, costs)}
+    return records, step_rows(recorder, records, usage, costs, spec), usage
 
 
 def ideal_sampling_s(groups: Sequence[Group], costs: Costs) -> float:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench import loops
-from bench.loops import LOCAL_CONFIG, SEED, LoopSpec, Recorder, ScriptedGsm8k
+from bench.loops import LOCAL_CONFIG, SEED, LoopSpec, ScriptedGsm8k
 from bench.service import Service, local_service
 from local.toy_data import write_split
 from local.training_session.costs import Costs
@@ -120,35 +120,14 @@ class BenchSpec:
 
 def run_bench(spec: BenchSpec, costs: Costs, service: Service, client: Any, tokenizer: Any,
               examples: Sequence[Example], workdir: Path) -> dict[str, Any]:
-    """One run of the default loop (``bench/loops.py``'s ``run``, with the consistent grader and the switch)."""
+    """One run of the default loop (``bench/loops.py``'s ``run_trainer``, with the consistent grader and the switch)."""
     loop = LoopSpec("default", spec.keep, steps=STEPS)
     overrides = {**loops.run_config(loop, loops.BENCH_LEARNING_RATE), "selective_rollouts": spec.selective,
                  "max_num_gen_batches": 80}  # 5% keep without skipping: ~20 batches a step, with spread
     cfg = load_config(LOCAL_CONFIG, overrides)
-    usage: dict[int, dict[str, float]] = {}
-    training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
-    session = training_client.training_session_name
-
-    def on_line(line: str) -> None:
-        if line.startswith("train: step="):
-            usage[int(line.split()[1].split("=")[1])] = service.costs()["sessions"][session]
-
-    recorder = Recorder()
-    trainer = Trainer(
-        training_client=training_client, cfg=cfg.dapo,
-        task=ConsistentGsm8k(spec.keep, loop.group_size, spec.consistency), tokenizer=tokenizer,
-        train_examples=examples[: spec.rows], eval_examples=[],
-        metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
-        checkpoint_dir=workdir / "ckpt", policy=loops.policy(loop.loop, cfg.dapo), on_batch=recorder,
-        clock=lambda: service.costs()["sessions"][session]["simulated_s"])
-    try:
-        outcome = trainer.run(LoopState(seed=SEED))
-    finally:
-        training_client.stop()
-    if outcome.state.step != STEPS:
-        raise RuntimeError(f"{spec}: only {outcome.state.step} steps ({outcome.state.stop_reason})")
-    records = [r for r in metrics_io.read(workdir / "metrics.jsonl") if r["kind"] == "step"]
-    steps = loops.step_rows(recorder, records, usage, costs, loop)
+    task = ConsistentGsm8k(spec.keep, loop.group_size, spec.consistency)
+    records, steps, usage = loops.run_trainer(loop, cfg, task, costs, service, client, tokenizer,
+                                              examples[: spec.rows], workdir)
     window = loops.balanced_window([bool(r["sampled_ahead"]) for r in records], WINDOW, FIRST_LINE)
     summary = loops.summarise(steps, window, usage, costs)
     inside = [r for r in records if r["step"] in window["sampled"]]
