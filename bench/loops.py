@@ -8,9 +8,9 @@
 * ``default``: the product's defaults: every request of a generation batch in flight at
   once, as many generation batches in flight as the observed keep rate says a step needs,
   surplus carried, checkpoints off the critical path, and ``max_steps_off_policy: null``
-  (auto): step 1 trains while step 2 samples, and the run keeps sampling ahead only if that
-  probe step saved at least half of what an overlap can save, ``min(S, T)``, against sampling and
-  training one after the other (``steps/dapo/schedule.py``).
+  (auto): step 2 trains while step 3 samples, and the run keeps sampling ahead only if that
+  probe step was at least 5% shorter than sampling and training one after the other
+  (``steps/dapo/schedule.py``).
 * ``pipelined``: ``default`` with ``max_steps_off_policy: 1``: the next step samples
   while this one trains, from step 1 on.
 * ``concurrent``: ``default`` with ``max_steps_off_policy: 0``: the project's on-policy concurrent mode
@@ -30,10 +30,10 @@ The loop's clock is the session's simulated clock (``Trainer.clock``), so the tr
 ``WINDOW`` steps, from one train line to another, that holds as many samplings as trainings.
 A step's sampling falls in the interval between the previous train line and its own (on-policy)
 or, sampled ahead, in the one before. The window is the first from train line 2 on (step 1
-samples with no keep-rate evidence yet, and its training is the auto loop's probe) in which the loop
+samples with no keep-rate evidence yet; step 2 is the auto loop's probe) in which the loop
 sampled ``WINDOW`` steps and trained ``WINDOW``: train lines 2-8 for an on-policy loop (it
-samples and trains steps 3-8), for a loop sampling ahead (it trains 3-8 and samples 4-9) and for
-the auto loop once it chose on-policy (step 2 was the probe's, sampled before line 2). Per window:
+samples and trains steps 3-8) and for a loop sampling ahead (it trains 3-8 and samples 4-9),
+3-9 for the auto loop once it chose on-policy. Per window:
 
 * ``step_s``: simulated seconds per step, and steps per hour;
 * ``busy``: the share of the GPUs' time spent working (sampler and trainer: two equal pools,
@@ -76,10 +76,10 @@ LOOPS = ("sequential", "default", "pipelined", "concurrent")
 KEEP_RATES = (1.0, 0.2)
 LOW_KEEP = 0.05  # a very low keep rate: ~20 generation batches a step, so only where it says most (defaults)
 #: Long enough that no window holds the run's last step (which starts no spares and samples nothing ahead):
-#: a window ends at train line 8 (2-8), 9 if the probe had to be repeated, and samples up to step 10 at most.
+#: a window ends at train line 9 at the latest (3-9, on-policy after the probe) and samples up to step 10.
 STEPS = 11
 WINDOW = 6
-FIRST_LINE = 2  # windows start at train line 2 or later: step 1 has no keep-rate evidence, its training is the probe
+FIRST_LINE = 2  # windows start at train line 2 or later: step 1 has no keep-rate evidence, step 2 is the probe
 BENCH_LEARNING_RATE = 1e-7  # moves the toy's weights by ~5e-7 a step: the workload stays the base model's
 
 

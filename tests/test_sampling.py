@@ -223,18 +223,17 @@ def test_overlap_pays_only_when_the_probe_hid_most_of_its_training(sampling, tra
 
 
 @pytest.mark.parametrize("overlapped,verdict", [(13.0, True), (25.0, False)])  # separate GPUs; shared
-def test_auto_overlap_probes_once_a_sampling_is_measured_then_keeps_its_verdict(overlapped, verdict):
+def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict(overlapped, verdict):
     auto, last = Policy(), 10
     o = Overlap()
-    assert not auto.sample_ahead(0, last, o)  # step 1 samples on-policy: nothing measured yet
-    o = o.sampled(13.0, 0)  # a fill carried groups filled sampled nothing: no evidence
-    assert not auto.sample_ahead(1, last, o)
-    o = o.sampled(13.0, 32)  # step 1's sampling, alone
-    assert auto.sample_ahead(1, last, o)  # the probe: step 1 trains while step 2 samples
+    assert not auto.sample_ahead(1, last, o)  # step 1 samples and trains alone: nothing measured yet
+    o = o.sampled(13.0, 32).trained(12.0, ahead=False, update_s=12.0)
+    o = o.sampled(13.0, 32)  # step 2's sampling, alone
+    assert auto.sample_ahead(2, last, o)  # the probe: step 2 trains while step 3 samples
     assert o.trained(5.0, ahead=True, update_s=5.0, groups=0) == o  # a probe that sampled nothing: probe again
     o = o.trained(overlapped, ahead=True, update_s=12.0, groups=32)
     assert o.verdict is verdict
-    assert all(auto.sample_ahead(u, last, o) is verdict for u in range(2, last))
+    assert all(auto.sample_ahead(u, last, o) is verdict for u in range(3, last))
     assert not auto.sample_ahead(last, last, o)  # nothing to sample after the last step
 
 

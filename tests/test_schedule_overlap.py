@@ -7,12 +7,11 @@ from steps.dapo.schedule import Overlap, Policy, overlap_pays
 
 
 def probe(sampling_s: float, training_s: float, overlapped_s: float) -> Overlap:
-    """Step 1 sampled on-policy, then its update with step 2 sampled beside it: the auto decision's evidence as
-    the loop gathers it."""
-    o = Overlap()
-    assert not Policy().sample_ahead(0, 10, o)  # step 1 samples with nothing measured
+    """Steps 1 and 2 on-policy (each sampled, then trained alone), then step 2's update with step 3 sampled
+    beside it: the auto decision's evidence as the loop gathers it."""
+    o = Overlap().sampled(sampling_s, 32).trained(training_s, ahead=False, update_s=training_s)
     o = o.sampled(sampling_s, 32)
-    assert Policy().sample_ahead(1, 10, o)  # step 1 is the probe
+    assert Policy().sample_ahead(2, 10, o)  # step 2 is the probe
     return o.trained(overlapped_s, ahead=True, update_s=training_s, groups=32)
 
 

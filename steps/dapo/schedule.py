@@ -10,13 +10,14 @@ The loop (steps/dapo/loop.py) says what a step does; a :class:`Schedule` says wh
   Each group carries the step of the weights that sampled it; the train line logs how many steps
   off-policy a step trained, and no group is trained more than ``OFF_POLICY_LIMIT`` steps off-policy.
 - With ``max_steps_off_policy: null`` (auto, the default) the run measures whether that overlap pays
-  (:class:`Overlap`): step 1 samples on-policy, then trains while step 2 samples (the probe), and from
-  then on the run samples ahead only if the probe step saved at least ``MIN_HIDDEN_SHARE`` of what an
-  overlap can save, ``min(S, T)``, against step 1's sampling and that training one after the other: when
-  sampling is the longer, the training hides under it; when training is, the sampling does. (Until the
-  seventh round steps 1 and 2 both ran on-policy first: a whole step's overlap lost, for a training time
-  the verdict never read.) On GPUs that sampler and trainer share, training pauses decoding and the overlap
-  cannot pay: the run goes back on-policy, as it does wherever on-policy measured faster.
+  (:class:`Overlap`): step 1 and 2 sample and train one after the other, step 2 trains while step 3
+  samples (the probe), and from then on the run samples ahead only if the probe step saved at least
+  ``MIN_HIDDEN_SHARE`` of what an overlap can save, ``min(S, T)``, against step 2's sampling and that
+  training one after the other: when sampling is the longer, the training hides under it; when training
+  is, the sampling does. On GPUs that sampler and trainer share, training pauses decoding and the overlap
+  cannot pay: the run goes back on-policy, as it does wherever on-policy measured faster. Step 2's sampling
+  is the reference, not step 1's: step 1 starts one generation batch blind (no keep rate seen yet), so its
+  time is no typical fill's (a probe at step 1 sent 5% keep runs on-policy: ``make bench``).
 - A step's seconds leave evaluation out.
 
 How much runs at once is :class:`Policy`'s: one small piece to replace when that choice changes.
@@ -80,17 +81,18 @@ def overlap_pays(sampling_s: float, training_s: float, overlapped_s: float) -> b
 
 @dataclass(frozen=True)
 class Overlap:
-    """The auto decision's evidence (``max_steps_off_policy: null``): the last on-policy sampling, in the
-    run's clock's seconds; ``verdict`` once a probe step has run."""
+    """The auto decision's evidence (``max_steps_off_policy: null``): the last on-policy sampling and the
+    last training waited on alone, in the run's clock's seconds; ``verdict`` once a probe step has run."""
 
     sampling_s: float | None = None
+    training_s: float | None = None
     verdict: bool | None = None
 
     def sample_ahead(self) -> bool:
-        """Sample the next step ahead: the verdict, or the probe once a sampling is measured."""
+        """Sample the next step ahead: the verdict, or the probe once both figures are measured."""
         if self.verdict is not None:
             return self.verdict
-        return self.sampling_s is not None
+        return self.sampling_s is not None and self.training_s is not None
 
     def sampled(self, seconds: float, groups: int) -> "Overlap":
         """An on-policy fill; one that sampled nothing (carried groups filled it) says nothing."""
@@ -98,11 +100,13 @@ class Overlap:
 
     def trained(self, seconds: float, ahead: bool, update_s: float, groups: int = 0) -> "Overlap":
         """After a step's update (``seconds`` until it and any sampling ahead, of ``groups``, were done,
-        ``update_s`` until the update was): the probe (the first step sampled ahead that sampled something)
-        gives the verdict. The probe's own training time prices the on-policy step it is compared with: a
-        step's training varies with its tokens, and runs at full speed with sampling beside it or not."""
-        # (A fixed max_steps_off_policy samples ahead unmeasured: no verdict.)
-        if ahead and self.verdict is None and self.sample_ahead() and groups:
+        ``update_s`` until the update was): alone, its training time; the probe (the first step sampled
+        ahead that sampled something), the verdict. The probe's own training time prices the on-policy
+        step it is compared with: a step's training varies with its tokens, and runs at full speed with
+        sampling beside it or not."""
+        if not ahead:
+            return replace(self, training_s=seconds)
+        if self.verdict is None and self.sample_ahead() and groups:  # (a fixed max_steps_off_policy: unmeasured)
             assert self.sampling_s is not None
             return replace(self, verdict=overlap_pays(self.sampling_s, update_s, seconds))
         return self
