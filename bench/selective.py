@@ -314,7 +314,7 @@ def render(results: dict[str, Any]) -> str:
     took = "; ".join(f"{name} on {sel[part].get('date', '?')}, {sel[part].get('seconds', float('nan')):.0f} s"
                      for part, name in (("bench", "the scripted bench"), ("toy", "the toy")) if part in sel)
     lines = [f"Measured by `make bench` (`python -m bench --only selective` alone): {took or 'not yet'} "
-             "(this machine, shared)."]
+             "(this machine's wall time; the figures are simulated time and the toy's own steps)."]
     bench = sel.get("bench")
     if bench:
         lines += ["", f"The `default` loop at the cost model's default costs, batch 32 x group 8, "
