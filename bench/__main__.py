@@ -81,7 +81,7 @@ def only(selection: str, partial: bool = False) -> int:
     ``max_steps_off_policy`` (0 and 1) with the cost model off, and reproduces exactly. ``partial``: no
     measuring, the results of the runs an ``--only`` cut short wrote to ``PARTIAL``."""
     t0 = time.monotonic()
-    previous = json.loads((HERE / "results.json").read_text(encoding="utf-8"))
+    previous = report.load_results()
     wanted = [(name.strip(), float(keep)) for name, keep in (item.rsplit(":", 1) for item in selection.split(","))]
     unknown = [w for w in wanted if not any(sc.name == w[0] and w[1] in sc.keeps for sc in loops.SCENARIOS)]
     if unknown:
@@ -102,7 +102,7 @@ def only(selection: str, partial: bool = False) -> int:
     results = {**previous, "date": datetime.date.today().isoformat(), "loops": measured, "only": selection,
                "carried": {"from": previous["date"], "what": "parity, overhead, tracking, validation"},
                "bench_seconds": None if partial else time.monotonic() - t0}
-    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    report.save_results(results)
     if not partial:
         PARTIAL.unlink(missing_ok=True)
     return render(results)
@@ -145,19 +145,14 @@ def main() -> int:
     }
     # Written before selective rollouts are measured (~50 min on a shared machine), with the last figures of
     # those: should their measurement fail, the hour of loops is kept and `--only selective` completes it.
-    stored = HERE / "results.json"
-    if stored.exists() and "selective" in (previous := json.loads(stored.read_text(encoding="utf-8"))):
+    if report.RESULTS.exists() and "selective" in (previous := report.load_results()):
         results["selective"] = previous["selective"]
-    write(results)
+    report.save_results(results)
     PARTIAL.unlink(missing_ok=True)
     results["selective"] = selective.measure()
     results["bench_seconds"] = time.monotonic() - t0
-    write(results)
+    report.save_results(results)
     return render(results)
-
-
-def write(results: dict[str, Any]) -> None:
-    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
 def render(results: dict[str, Any]) -> int:
@@ -168,7 +163,7 @@ def render(results: dict[str, Any]) -> int:
     print(report.render(results))
     if "selective" in results:
         selective.render_section(results)
-    print(f"\nwrote {HERE / 'results.json'}, {HERE / 'loops.png'} and the tables in {HERE / 'README.md'} and "
+    print(f"\nwrote {report.RESULTS}, {HERE / 'loops.png'} and the tables in {HERE / 'README.md'} and "
           f"{ROOT / 'docs' / 'benchmarks.md'}")
     return 0
 
@@ -176,7 +171,7 @@ def render(results: dict[str, Any]) -> int:
 if __name__ == "__main__":
     # --render: the plot and the README tables again from bench/results.json, measuring nothing.
     if sys.argv[1:] == ["--render"]:
-        raise SystemExit(render(json.loads((HERE / "results.json").read_text(encoding="utf-8"))))
+        raise SystemExit(render(report.load_results()))
     # --only selective (or selective:bench, selective:toy): selective rollouts alone, the rest of results.json kept.
     if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3 and sys.argv[2].split(":")[0] == "selective":
         part = sys.argv[2].partition(":")[2]

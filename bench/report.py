@@ -1,11 +1,13 @@
 """Markdown tables and the plot of bench/results.json, and their places in bench/README.md and docs/benchmarks.md."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from bench import tracking
 
+RESULTS = Path(__file__).resolve().parent / "results.json"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 FASTEST_TARGET = 1.05  # the default's step time / the fastest loop's, every scenario and keep rate
 FLOOR_TARGET = 1.15  # the default's step time / the scenario's throughput floor, every scenario and keep rate
@@ -312,11 +314,20 @@ def plot_loops(results: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def update_readme(readme: Path, markdown: str) -> None:
-    """Replace the text between the results markers of ``readme``."""
+def update_readme(readme: Path, markdown: str, markers: tuple[str, str] = (START, END)) -> None:
+    """Replace the text between ``markers`` (the results markers unless told) of ``readme``."""
+    start, end = markers
     text = readme.read_text(encoding="utf-8")
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
     if not rest:
-        raise ValueError(f"{readme} has no {START} marker")
-    readme.write_text(f"{head}{START}\n{markdown}\n{END}{tail}", encoding="utf-8")
+        raise ValueError(f"{readme} has no {start} marker")
+    readme.write_text(f"{head}{start}\n{markdown}\n{end}{tail}", encoding="utf-8")
+
+
+def load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text(encoding="utf-8"))
+
+
+def save_results(results: dict[str, Any]) -> None:
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

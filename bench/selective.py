@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import json
 import statistics
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench import loops
+from bench import loops, report
 from bench.loops import LOCAL_CONFIG, SEED, LoopSpec, ScriptedGsm8k
 from bench.service import Service, local_service
 from local.toy_data import write_split
@@ -356,24 +355,20 @@ def render(results: dict[str, Any]) -> str:
         off = [r["consistency"] for r in toy["runs"] if not r["selective"] and r.get("consistency", {}).get("pairs")]
         if off:
             def avg(key: str) -> float:
-                return statistics.mean(c[key] for c in off if c.get(key) is not None)
+                return statistics.mean(c[key] for c in off if c[key] is not None)
 
-            after_mixed = (f"mixed after a mixed group {avg('mixed_after_mixed'):.0%}"
-                           + (f" (all right {avg('all_right_after_mixed'):.0%})" if "all_right_after_mixed" in off[0]
-                              else ""))
-            between = (f"; {avg('steps_between_draws'):.1f} steps between two draws of a prompt"
-                       if "steps_between_draws" in off[0] else "")
             lines += ["", f"The toy's temporal consistency, without skipping (consecutive draws of a prompt, mean over "
-                      f"seeds): it kept its character {avg('kept_character'):.0%} of the time; {after_mixed}, "
-                      f"after an all-equal one {avg('mixed_after_all_equal'):.0%}{between}."]
+                      f"seeds): it kept its character {avg('kept_character'):.0%} of the time; mixed after a mixed "
+                      f"group {avg('mixed_after_mixed'):.0%} (all right {avg('all_right_after_mixed'):.0%}), after an "
+                      f"all-equal one {avg('mixed_after_all_equal'):.0%}; {avg('steps_between_draws'):.1f} steps "
+                      "between two draws of a prompt."]
         lines += ["", "| seed | selective | sampled/trained | billed sample tokens | groups sampled | skipped | "
                   "epochs sampled / drawn | accuracy 10 / 20 / 30 |", "|---|---|---|---|---|---|---|---|"]
         for r in toy["runs"]:
             acc = " / ".join(f"{r['accuracy'].get(str(k), float('nan')):.3f}" for k in TOY_EVAL_STEPS)
-            epochs = (f"{r['epochs_sampled']:.1f} / {r['epochs_drawn']:.1f}" if "epochs_sampled" in r else "-")
             lines.append(f"| {r['seed']} | {'on' if r['selective'] else 'off'} | {r['sampled_per_trained']:.2f} | "
                          f"{r['billed_sample_tokens']:,} | {r['groups_sampled']} | {r['skipped_prompts']} | "
-                         f"{epochs} | {acc} |")
+                         f"{r['epochs_sampled']:.1f} / {r['epochs_drawn']:.1f} | {acc} |")
     return "\n".join(lines)
 
 
@@ -381,11 +376,11 @@ START, END = "<!-- selective:start -->", "<!-- selective:end -->"
 
 
 def update_readme(path: Path, body: str) -> None:
+    """The section between the selective markers, added at the end under its heading the first time."""
     text = path.read_text(encoding="utf-8")
     if START not in text:
-        text = text.rstrip("\n") + f"\n\n## Selective rollouts\n\n{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    path.write_text(f"{head}{START}\n{body}\n{END}{rest.split(END, 1)[1]}", encoding="utf-8")
+        path.write_text(text.rstrip("\n") + f"\n\n## Selective rollouts\n\n{START}\n{END}\n", encoding="utf-8")
+    report.update_readme(path, body, (START, END))
 
 
 PARTS = ("bench", "toy")
@@ -413,13 +408,11 @@ def only(parts: Sequence[str] = PARTS, reuse_without: bool = False) -> int:
     """``python -m bench --only selective``: selective rollouts measured (``parts``: both, or one), the rest of
     results.json kept as it is (re-read before writing: nothing else of it is this run's, so the two parts may
     run at once)."""
-    path = HERE / "results.json"
-    previous = json.loads(path.read_text(encoding="utf-8"))
-    measured = measure(parts, previous.get("selective"), reuse_without=reuse_without)
-    results = json.loads(path.read_text(encoding="utf-8"))
+    measured = measure(parts, report.load_results().get("selective"), reuse_without=reuse_without)
+    results = report.load_results()
     kept = {part: figures for part, figures in results.get("selective", {}).items() if part in PARTS}
     results["selective"] = {**kept, **{part: measured[part] for part in parts}}
-    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    report.save_results(results)
     return render_section(results)
 
 
@@ -440,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--render", action="store_true", help="re-render bench/README.md's section from results.json")
     args = p.parse_args(argv)
     if args.render:
-        return render_section(json.loads((HERE / "results.json").read_text(encoding="utf-8")))
+        return render_section(report.load_results())
     return only([args.only] if args.only else PARTS, reuse_without=args.reuse_without)
 
 
