@@ -3,14 +3,14 @@
 * ``sequential``: the loop of the original DAPO change (verl's recipe): one generation
   batch at a time, the surplus of the last one discarded, each checkpoint's
   ``save_state`` awaited before the next step. Built here from the project's own
-  ``Trainer`` with a scheduling policy that undoes three of its choices (:func:`policy`),
+  ``Trainer``, driven by :func:`drive`, which undoes two of its choices and its config the rest,
   so the three loops differ only in the loop.
 * ``default``: the product's defaults: every request of a generation batch in flight at
   once, as many generation batches in flight as the observed keep rate says a step needs,
   surplus carried, checkpoints off the critical path, and ``max_steps_off_policy: null``
   (auto): step 2 trains while step 3 samples, and the run keeps sampling ahead only if that
   probe step was at least 5% shorter than sampling and training one after the other
-  (``steps/dapo/schedule.py``).
+  (``steps/dapo/loop.py``).
 * ``pipelined``: ``default`` with ``max_steps_off_policy: 1``: the next step samples
   while this one trains, from step 1 on.
 * ``concurrent``: ``default`` with ``max_steps_off_policy: 0``: the project's on-policy concurrent mode
@@ -62,7 +62,6 @@ from steps.config import load_config
 from steps.dapo import metrics as metrics_io
 from steps.dapo.loop import Trainer
 from steps.dapo.sampling import Group, StepBatch
-from steps.dapo.schedule import Policy
 from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
@@ -156,23 +155,36 @@ class ScriptedGsm8k(Gsm8k):
 
 @dataclass
 class Recorder:
-    """What each step sampled and trained (``Trainer.on_batch``), for the cost model to price."""
+    """What each step sampled and trained, for the cost model to price."""
 
     sampled: list[tuple[Group, ...]] = field(default_factory=list)  # per step, in step order
     trained_tokens: list[int] = field(default_factory=list)  # forward_backward datum tokens per step
 
-    def __call__(self, step: int, batch: StepBatch) -> None:
+    def __call__(self, batch: StepBatch) -> None:
         self.sampled.append(batch.sampled)
         # A datum is prompt + completion without its last token (steps/dapo/batch.py).
         self.trained_tokens.append(sum(len(g.prompt) + len(r.tokens) - 1 for g in batch.kept for r in g.rollouts))
 
 
-def policy(loop: str, cfg: Any) -> Policy:
-    """The scheduling policy of a loop: the product's, or the sequential baseline's (the original change's
-    loop: the surplus of a step's last generation batch discarded, not carried, and a checkpoint's
-    save_state awaited before the next step; one batch in flight and no sampling ahead come from its config)."""
-    product = Policy.from_config(cfg)
-    return replace(product, carry_surplus=False, save_behind=False) if loop == "sequential" else product
+def drive(trainer: Trainer, state: LoopState, sequential: bool = False) -> tuple[LoopState, list[StepBatch]]:
+    """The product's loop, :meth:`Trainer.run`'s pieces (start, step, evaluate, finish) driven from here to see
+    each step's batch. ``sequential``: the original change's loop, which differs in two more ways than its
+    config (one generation batch in flight, never sampling ahead): the surplus of a step's last generation batch
+    is discarded, not trained next step, and a checkpoint's save_state is awaited before the next step samples."""
+    carry, batches = trainer.start(state), []
+    while carry.state.step < trainer.n_steps:
+        carry, batch = trainer.step(carry)
+        batches.append(batch)
+        if carry.state.stopped_early:
+            return carry.state, batches
+        if sequential:
+            state = carry.state.with_saved_state(carry.pending.write(trainer.checkpoint_dir)) if carry.pending \
+                else carry.state
+            carry = replace(carry, state=replace(state, carry=()), pending=None)
+        if trainer.cfg.eval_every and carry.state.step % trainer.cfg.eval_every == 0:
+            trainer.evaluate(carry.state.step, carry.sampler.client)
+            carry = replace(carry, lap_from=trainer.clock())  # evaluation belongs to no step's seconds, as in run()
+    return trainer.finish(carry), batches
 
 
 def run_config(spec: LoopSpec, learning_rate: float) -> dict[str, Any]:
@@ -216,18 +228,19 @@ def run_trainer(spec: LoopSpec, cfg: Any, task: Any, costs: Costs, service: Serv
         if line.startswith("train: step="):
             usage[int(line.split()[1].split("=")[1])] = service.costs()["sessions"][session]
 
-    recorder = Recorder()
     trainer = Trainer(
         training_client=training_client, cfg=cfg.dapo, task=task, tokenizer=tokenizer, train_examples=examples,
         eval_examples=[], metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=on_line),
-        checkpoint_dir=workdir / "ckpt", policy=policy(spec.loop, cfg.dapo), on_batch=recorder,
-        clock=lambda: service.costs()["sessions"][session]["simulated_s"])
+        checkpoint_dir=workdir / "ckpt", clock=lambda: service.costs()["sessions"][session]["simulated_s"])
     try:
-        outcome = trainer.run(LoopState(seed=SEED))
+        state, batches = drive(trainer, LoopState(seed=SEED), sequential=spec.loop == "sequential")
     finally:
         training_client.stop()
-    if outcome.state.step != spec.steps:
-        raise RuntimeError(f"{spec}: only {outcome.state.step} steps ({outcome.state.stop_reason})")
+    if state.step != spec.steps:
+        raise RuntimeError(f"{spec}: only {state.step} steps ({state.stop_reason})")
+    recorder = Recorder()
+    for batch in batches:
+        recorder(batch)
     records = [r for r in metrics_io.read(workdir / "metrics.jsonl") if r["kind"] == "step"]
     return records, step_rows(recorder, records, usage, costs, spec), usage
 

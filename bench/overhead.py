@@ -3,7 +3,7 @@
 On 1,000 synthetic samples (125 groups of 8) with 512-token completions and
 35-token prompts, thread CPU time (best of several repeats: noise only adds) of:
 
-* ``grade`` - ``steps.gsm8k.answer.grade`` + ``steps.dapo.reward.reward`` on the decoded completions;
+* ``grade`` - ``steps.gsm8k.answer.grade`` + ``steps.dapo.sampling.reward`` on the decoded completions;
 * ``advantages`` - ``steps.dapo.batch.train_samples`` (group advantages, overlong mask);
 * ``datums`` - ``steps.dapo.batch.build_datums``;
 * ``serialise`` - what ``forward_backward`` runs on them before sending
@@ -31,8 +31,7 @@ from bench.loops import LOCAL_CONFIG
 from local.training_session.toy.tokenizer import HF_FILES
 from steps.config import load_config
 from steps.dapo.batch import build_datums, train_samples
-from steps.dapo.reward import RewardShaping, reward
-from steps.dapo.sampling import Group, Rollout
+from steps.dapo.sampling import Group, RewardShaping, Rollout, reward
 from steps.dapo.task import Grade
 from steps.gsm8k.answer import grade
 from steps.gsm8k.prompt import render_prompt

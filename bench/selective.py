@@ -204,23 +204,22 @@ def run_toy(seed: int, selective: bool, client: Any, tokenizer: Any, train: Sequ
                                      "save_every": TOY_STEPS, "selective_rollouts": selective,
                                      "max_num_gen_batches": TOY_MAX_NUM_GEN_BATCHES})
     training_client = client.create_lora_training_client(**lora_kwargs(cfg.session))
-    drawn: list[tuple[int, int, int]] = []  # (step, prompt, outcome) of every group sampled, in order
     trainer = Trainer(training_client=training_client, cfg=cfg.dapo, task=GSM8K, tokenizer=tokenizer,
                       train_examples=train, eval_examples=evaluation,
                       metrics=metrics_io.MetricsLog(workdir / "metrics.jsonl", print_fn=lambda line: None),
-                      checkpoint_dir=workdir / "ckpt",
-                      on_batch=lambda step, batch: drawn.extend((step, g.example_index, outcome_of(g))
-                                                                for g in batch.sampled))
+                      checkpoint_dir=workdir / "ckpt")
     try:
-        outcome = trainer.run(LoopState(seed=seed))
+        state, batches = loops.drive(trainer, LoopState(seed=seed))
     finally:
         training_client.stop()
+    # (step, prompt, outcome) of every group sampled, in order
+    drawn = [(step, g.example_index, outcome_of(g)) for step, b in enumerate(batches, 1) for g in b.sampled]
     records = metrics_io.read(workdir / "metrics.jsonl")
     steps = [r for r in records if r["kind"] == "step"]
     sampled = sum(r["sampled_completion_tokens"] for r in steps)
     trained = sum(r["tokens"] for r in steps)
-    return {"seed": seed, "selective": selective, "steps": outcome.state.step,
-            "stop_reason": outcome.state.stop_reason,
+    return {"seed": seed, "selective": selective, "steps": state.step,
+            "stop_reason": state.stop_reason,
             "accuracy": {str(r["step"]): r["accuracy"] for r in records if r["kind"] == "eval"},
             "sampled_per_trained": sampled / trained if trained else None,
             "sampled_completion_tokens": sampled, "trained_tokens": trained,

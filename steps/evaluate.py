@@ -32,7 +32,7 @@ from steps.cli import Refused, run_step
 from steps.config import config_from_dict
 from steps.dapo import heldout, rollouts, stats
 from steps.dapo.heldout import EvalResult
-from steps.dapo.reward import RewardShaping
+from steps.dapo.sampling import RewardShaping
 from steps.platform import billing, files, tracking
 from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name

@@ -100,7 +100,7 @@ def model_record(cfg: RunConfig, outcome: Outcome, run: tracking.RunRef | None =
         "steps_completed": state.step,
         "stopped_early": state.stopped_early,
         "stop_reason": state.stop_reason,
-        "guard": state.guard,  # the health guard that stopped training (steps/dapo/guards.py), or ""
+        "guard": state.guard,  # the health guard that stopped training (steps/dapo/health.py), or ""
         "guard_stopped": bool(state.guard),  # never approved (the gate reads training.guard_stopped)
         "final_eval": None if final is None else
         {"accuracy": final.accuracy, "accuracy_lenient": final.accuracy_lenient, "n": final.n,

@@ -5,7 +5,7 @@ import pytest
 
 from local.training_session.toy.tokenizer import ToyTokenizer
 from steps.dapo.chat import answer_region, completion_text, opens_reasoning
-from steps.dapo.reward import RewardShaping, overlong_penalty, reward
+from steps.dapo.sampling import RewardShaping, overlong_penalty, reward
 from steps.gsm8k.answer import extract_answer, gold_answer, grade
 from steps.gsm8k.data import Example
 from steps.gsm8k.prompt import INSTRUCTION, build_messages, render_prompt

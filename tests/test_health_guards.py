@@ -1,4 +1,4 @@
-"""The health guards: each rule (steps/dapo/guards.py), their memory across a resume, the local service's knobs
+"""The health guards: each rule (steps/dapo/health.py), their memory across a resume, the local service's knobs
 that drive the toy sick (local/training_session/sickness.py), and each guard stopping a sick toy's run."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from local.training_session.sickness import ENV_VARS, Sickness
 from steps import train
 from steps.config import DapoConfig
 from steps.dapo import state as ckpt_io
-from steps.dapo.guards import GUARDS, GuardState, Limits, observe
+from steps.dapo.health import GUARDS, GuardState, Limits, observe
 from steps.dapo.state import LoopState
 from tests.local_service import client_kwargs
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from steps import validate
-from steps.dapo.reward import RewardShaping, reward
+from steps.dapo.sampling import RewardShaping, reward
 from steps.gsm8k.answer import canonical, gold_answer, grade
 from steps.gsm8k.data import PROMPT_TOO_LONG, RowError, iter_lines
 

@@ -1,21 +1,30 @@
 """Generation batches and dynamic-sampling arithmetic on scripted reward patterns (no service needed)."""
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
 
-from steps.dapo.reward import RewardShaping
-from steps.dapo.sampling import Group, GroupSampler, Rollout, collect_step, derived_seed
-from steps.dapo.schedule import SPARE_SD, Overlap, Policy, batches_for, overlap_pays
+from steps.dapo.loop import Overlap, overlap_pays, sample_ahead
+from steps.dapo.sampling import (
+    SPARE_SD,
+    Cursor,
+    DataPosition,
+    Draws,
+    Filling,
+    Group,
+    GroupSampler,
+    RewardShaping,
+    Rollout,
+    SamplerAt,
+    batches_for,
+    batches_to_launch,
+    derived_seed,
+)
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example
 from steps.gsm8k.task import GSM8K, Gsm8k
 
 NO_EVIDENCE = (0, 0)
-
-
-def inflight(n):
-    """The product's policy for how many generation batches to start, with at most ``n`` in flight."""
-    return Policy(max_inflight_gen_batches=n).batches_to_launch
 
 
 def group(i, rewards):
@@ -24,25 +33,41 @@ def group(i, rewards):
 
 
 class ScriptedBatches:
-    """Each launch returns the next scripted generation batch; records launches in flight."""
+    """Stands in for the GroupSampler: each launch returns the next scripted generation batch; records launches
+    in flight and the weights each sampled."""
+
+    examples = range(1000)
 
     def __init__(self, batches):
         self.batches = list(batches)
         self.launched = 0
         self.max_in_flight = 0
         self.in_flight = 0
+        self.steps = []  # the sampler step of each launch
 
-    def launch(self):
+    def launch(self, client, indices, seed, sampler_step=0):
         batch = self.batches[self.launched]
         self.launched += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.steps.append(sampler_step)
 
         def result():
             self.in_flight -= 1
             return batch
 
-        return SimpleNamespace(result=result)
+        return SimpleNamespace(result=result, futures=(), sampler_step=sampler_step)
+
+
+def draws(carry=(), evidence=(0, 0), in_flight=()):
+    return Draws(Cursor(DataPosition(), 0), tuple(carry), evidence, in_flight=deque(in_flight))
+
+
+def collect_step(script, carry=(), batch_size=4, max_num_gen_batches=5, max_inflight=1, evidence=(0, 0),
+                 in_flight=()):
+    """One step's dynamic sampling on ``script``'s batches, on-policy."""
+    filling = Filling(script, batch_size, max_num_gen_batches, seed=0, max_inflight=max_inflight)
+    return filling.collect(draws(carry, evidence, in_flight), SamplerAt(0, None))
 
 
 MIXED, RIGHT, WRONG = [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]
@@ -51,7 +76,7 @@ MIXED, RIGHT, WRONG = [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]
 def test_keeps_sampling_until_the_batch_is_full_and_carries_the_surplus():
     # batch_size 4; each generation batch has 4 groups of which 3 are mixed.
     script = ScriptedBatches([[group(k, MIXED) for k in range(3)] + [group(3, WRONG)] for _ in range(5)])
-    b = collect_step(script.launch, carry=[], batch_size=4, max_num_gen_batches=5, batches_to_launch=inflight(1),
+    b = collect_step(script, carry=[], batch_size=4, max_num_gen_batches=5, max_inflight=1,
                      evidence=NO_EVIDENCE)
     assert len(b.kept) == 4 and not b.hit_cap
     assert b.gen_batches == 2 and len(b.sampled) == 8
@@ -59,21 +84,21 @@ def test_keeps_sampling_until_the_batch_is_full_and_carries_the_surplus():
     assert len(b.carry) == 2  # 6 kept, 4 used, 2 carried
 
     # The carried groups count first in the next step: one more batch fills it.
-    nxt = collect_step(script.launch, carry=b.carry, batch_size=4, max_num_gen_batches=5,
-                       batches_to_launch=inflight(1), evidence=NO_EVIDENCE)
+    nxt = collect_step(script, carry=b.carry, batch_size=4, max_num_gen_batches=5,
+                       max_inflight=1, evidence=NO_EVIDENCE)
     assert nxt.kept[:2] == b.carry and nxt.gen_batches == 1 and len(nxt.carry) == 1
 
 
 def test_enough_carry_needs_no_sampling():
     carry = [group(k, MIXED) for k in range(5)]
-    b = collect_step(ScriptedBatches([]).launch, carry, batch_size=4, max_num_gen_batches=3,
-                     batches_to_launch=inflight(2), evidence=NO_EVIDENCE)
+    b = collect_step(ScriptedBatches([]), carry, batch_size=4, max_num_gen_batches=3,
+                     max_inflight=2, evidence=NO_EVIDENCE)
     assert b.gen_batches == 0 and b.kept == tuple(carry[:4]) and b.carry == tuple(carry[4:])
 
 
 def test_cap_stops_with_what_was_kept():
     script = ScriptedBatches([[group(0, MIXED), group(1, RIGHT), group(2, WRONG), group(3, RIGHT)]] * 3)
-    b = collect_step(script.launch, carry=[], batch_size=4, max_num_gen_batches=3, batches_to_launch=inflight(1),
+    b = collect_step(script, carry=[], batch_size=4, max_num_gen_batches=3, max_inflight=1,
                      evidence=NO_EVIDENCE)
     assert b.hit_cap and b.gen_batches == 3 and len(b.kept) == 3
     assert b.filtered == 9 and b.filtered_all_wrong == 3
@@ -81,7 +106,7 @@ def test_cap_stops_with_what_was_kept():
 
 def test_failed_requests_and_empty_generation_batches_are_counted():
     script = ScriptedBatches([[None, None], [group(0, MIXED), None], [group(1, MIXED), group(2, MIXED)]])
-    b = collect_step(script.launch, carry=[], batch_size=2, max_num_gen_batches=5, batches_to_launch=inflight(1),
+    b = collect_step(script, carry=[], batch_size=2, max_num_gen_batches=5, max_inflight=1,
                      evidence=NO_EVIDENCE)
     assert b.empty_rollouts == 1 and b.failed_groups == 3 and b.gen_batches == 3
     assert len(b.kept) == 2 and len(b.carry) == 1
@@ -89,7 +114,7 @@ def test_failed_requests_and_empty_generation_batches_are_counted():
 
 def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
     script = ScriptedBatches([[group(0, MIXED), group(1, WRONG), group(2, WRONG), group(3, WRONG)]] * 8)
-    b = collect_step(script.launch, carry=[], batch_size=4, max_num_gen_batches=8, batches_to_launch=inflight(3),
+    b = collect_step(script, carry=[], batch_size=4, max_num_gen_batches=8, max_inflight=3,
                      evidence=(1, 4))  # 25% kept so far
     assert script.max_in_flight == 3
     assert b.speculative >= 2
@@ -110,7 +135,7 @@ def test_low_keep_rate_starts_batches_early_within_the_in_flight_cap():
     ],
 )
 def test_batches_to_launch(need, in_flight, rate, budget, max_inflight, fresh, expected):
-    assert inflight(max_inflight)(need, in_flight, 4, rate, budget, fresh) == expected
+    assert batches_to_launch(need, in_flight, 4, rate, budget, fresh, max_inflight) == expected
 
 
 def test_derived_seeds_fit_the_apis_32_bit_integer():
@@ -181,8 +206,7 @@ def test_a_grading_error_is_a_bug_not_a_failed_sample():
 )
 def test_auto_inflight_launches_what_the_keep_rate_says_the_step_needs(need, in_flight, rate, budget, fresh,
                                                                         expected):
-    assert Policy().max_inflight_gen_batches is None  # the product's default: auto
-    assert Policy().batches_to_launch(need, in_flight, 32, rate, budget, fresh) == expected
+    assert batches_to_launch(need, in_flight, 32, rate, budget, fresh) == expected  # max_inflight None: auto
 
 
 def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_leaves_them_to_the_next_step():
@@ -191,19 +215,15 @@ def test_sampling_ahead_starts_the_spares_on_the_newer_weights_and_leaves_them_t
     batches = [[group(k, MIXED), group(k, WRONG)] for k in range(2)]  # half kept
     newer = [[Group(k, (0,), group(k, MIXED).rollouts, sampler_step=1), group(k, WRONG)] for k in range(8)]
     script = ScriptedBatches(batches + newer)
-    switched = []
-
-    def newer_weights():
-        switched.append(script.launched)
-
-    b = collect_step(script.launch, carry=[], batch_size=2, max_num_gen_batches=10,
-                     batches_to_launch=Policy().batches_to_launch, evidence=(1, 2), newer_weights=newer_weights)
-    assert switched == [2]  # the two expected batches (2 / (0.5 x 2)) started before the switch
-    assert script.launched == batches_for(2, 2, 0.5, SPARE_SD) == 6  # and the spares, on the newer weights
+    filling = Filling(script, batch_size=2, max_num_gen_batches=10, seed=0)
+    ahead = draws(evidence=(1, 2))
+    filling.launch(ahead, SamplerAt(0, None), fresh=False)  # before the update is awaited
+    assert script.launched == 2  # the two expected batches (2 / (0.5 x 2)) only
+    b = filling.collect(ahead, SamplerAt(1, None))  # the update done: the rest on its weights
+    assert script.launched == batches_for(2, 2, 0.5, SPARE_SD) == 6 and script.steps == [0, 0, 1, 1, 1, 1]
     assert [g.sampler_step for g in b.kept] == [0, 0]
     assert len(b.in_flight) == 4  # full before they returned: they are the next step's, not waited on now
-    nxt = collect_step(script.launch, carry=b.carry, batch_size=2, max_num_gen_batches=10,
-                       batches_to_launch=Policy().batches_to_launch, evidence=(2, 4), in_flight=b.in_flight)
+    nxt = filling.collect(draws(b.carry, (2, 4), b.in_flight), SamplerAt(1, None))
     assert [g.sampler_step for g in nxt.kept] == [1, 1]  # the spares filled it (and it started spares of its own)
 
 
@@ -224,22 +244,22 @@ def test_overlap_pays_only_when_the_probe_hid_most_of_its_training(sampling, tra
 
 @pytest.mark.parametrize("overlapped,verdict", [(13.0, True), (25.0, False)])  # separate GPUs; shared
 def test_auto_overlap_probes_once_both_times_are_measured_then_keeps_its_verdict(overlapped, verdict):
-    auto, last = Policy(), 10
+    last = 10
     o = Overlap()
-    assert not auto.sample_ahead(1, last, o)  # step 1 samples and trains alone: nothing measured yet
+    assert not sample_ahead(1, last, o, None)  # step 1 samples and trains alone: nothing measured yet
     o = o.sampled(13.0, 32).trained(12.0, ahead=False, update_s=12.0)
     o = o.sampled(13.0, 32)  # step 2's sampling, alone
-    assert auto.sample_ahead(2, last, o)  # the probe: step 2 trains while step 3 samples
+    assert sample_ahead(2, last, o, None)  # the probe: step 2 trains while step 3 samples
     assert o.trained(5.0, ahead=True, update_s=5.0, groups=0) == o  # a probe that sampled nothing: probe again
     o = o.trained(overlapped, ahead=True, update_s=12.0, groups=32)
     assert o.verdict is verdict
-    assert all(auto.sample_ahead(u, last, o) is verdict for u in range(3, last))
-    assert not auto.sample_ahead(last, last, o)  # nothing to sample after the last step
+    assert all(sample_ahead(u, last, o, None) is verdict for u in range(3, last))
+    assert not sample_ahead(last, last, o, None)  # nothing to sample after the last step
 
 
 def test_a_fixed_max_steps_off_policy_needs_no_probe():
     o = Overlap()
-    assert all(Policy(max_steps_off_policy=1).sample_ahead(u, 4, o) for u in (1, 2, 3))
+    assert all(sample_ahead(u, 4, o, 1) for u in (1, 2, 3))
     measured = o.sampled(1, 8).trained(1, False, 1)
-    assert not any(Policy(max_steps_off_policy=0).sample_ahead(u, 4, measured) for u in (1, 2))
+    assert not any(sample_ahead(u, 4, measured, 0) for u in (1, 2))
     assert o.trained(5.0, ahead=True, update_s=5.0, groups=8) == o  # sampling ahead unmeasured decides nothing

@@ -1,9 +1,9 @@
-"""The auto overlap decision (steps/dapo/schedule.py): the probe sampled ahead against on-policy, like with like."""
+"""The auto overlap decision (steps/dapo/loop.py): the probe sampled ahead against on-policy, like with like."""
 from __future__ import annotations
 
 import pytest
 
-from steps.dapo.schedule import Overlap, Policy, overlap_pays
+from steps.dapo.loop import Overlap, overlap_pays, sample_ahead
 
 
 def probe(sampling_s: float, training_s: float, overlapped_s: float) -> Overlap:
@@ -11,7 +11,7 @@ def probe(sampling_s: float, training_s: float, overlapped_s: float) -> Overlap:
     beside it: the auto decision's evidence as the loop gathers it."""
     o = Overlap().sampled(sampling_s, 32).trained(training_s, ahead=False, update_s=training_s)
     o = o.sampled(sampling_s, 32)
-    assert Policy().sample_ahead(2, 10, o)  # step 2 is the probe
+    assert sample_ahead(2, 10, o, None)  # step 2 is the probe
     return o.trained(overlapped_s, ahead=True, update_s=training_s, groups=32)
 
 
@@ -40,7 +40,7 @@ def test_the_probe_samples_ahead_whenever_the_overlap_saved_time_against_on_poli
     assert overlap_pays(sampling, training, overlapped) is ahead, case
     decided = probe(sampling, training, overlapped)
     assert decided.verdict is ahead, case
-    assert all(Policy().sample_ahead(u, 10, decided) is ahead for u in range(3, 10)), case
+    assert all(sample_ahead(u, 10, decided, None) is ahead for u in range(3, 10)), case
 
 
 def test_the_saving_is_measured_against_min_of_sampling_and_training_not_the_training():

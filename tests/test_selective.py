@@ -7,8 +7,8 @@ import pytest
 
 from steps.dapo import selective as sel
 from steps.dapo import state as ckpt_io
-from steps.dapo.sampling import Group, Rollout
-from steps.dapo.state import Cursor, DataPosition, LoopState
+from steps.dapo.sampling import Cursor, DataPosition, Group, Rollout
+from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
 
 

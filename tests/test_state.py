@@ -3,8 +3,8 @@ import json
 import pytest
 
 from steps.dapo import state as ckpt_io
-from steps.dapo.sampling import Group, Rollout
-from steps.dapo.state import DataPosition, LoopState, resume_or_start, take
+from steps.dapo.sampling import DataPosition, Group, Rollout, take
+from steps.dapo.state import LoopState, resume_or_start
 from steps.dapo.task import Grade
 
 

@@ -19,9 +19,8 @@ from steps.dapo import state as ckpt_io
 from steps.dapo.batch import build_datums
 from steps.dapo.heldout import evaluate_greedy
 from steps.dapo.loop import Trainer
-from steps.dapo.reward import RewardShaping
-from steps.dapo.sampling import GroupSampler
-from steps.dapo.state import DataPosition, LoopState, take
+from steps.dapo.sampling import DataPosition, GroupSampler, RewardShaping, take
+from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
 from steps.gsm8k.data import Example, load_examples
 from steps.gsm8k.task import GSM8K, Gsm8k

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 LossFn = Literal["ppo", "importance_sampling", "cispo"]
 LossAggregation = Literal["token", "sequence"]
-# Which reading of a grade earns the reward (steps/dapo/reward.py).
+# Which reading of a grade earns the reward (steps/dapo/sampling.py).
 RewardFormat = Literal["strict", "lenient"]
 # The sampling API's botocore model rejects maxTokens below this.
 MIN_MAX_TOKENS = 512
@@ -94,7 +94,7 @@ class DapoConfig(Section):
     # null: as many as the observed keep rate says the step needs, up to max_num_gen_batches.
     max_inflight_gen_batches: int | None = Field(None, ge=1, json_schema_extra={"why": "null = auto"})
     # 0: a step samples once the previous step's weights are saved; 1: it samples while the previous one trains;
-    # null: auto, 1 if a probe step shows the overlap pays (steps/dapo/schedule.py).
+    # null: auto, 1 if a probe step shows the overlap pays (steps/dapo/loop.py).
     max_steps_off_policy: int | None = Field(None, ge=0, le=1, json_schema_extra={"why": "null = auto"})
     overlong_filtering: bool = True
     overlong_buffer: int = Field(0, ge=0)
@@ -112,7 +112,7 @@ class DapoConfig(Section):
     eval_rollouts: int = Field(16, ge=0)
     # Seeds the data order and, hashed, every sampling request (the API's seed is a 32-bit Integer).
     seed: int = Field(0, ge=0, le=INT32_MAX)
-    # Health guards (steps/dapo/guards.py): each stops training cleanly, as max_num_gen_batches does, when its
+    # Health guards (steps/dapo/health.py): each stops training cleanly, as max_num_gen_batches does, when its
     # condition holds for guard_patience consecutive steps; a guard's stop is never approved.
     guards: bool = True
     guard_patience: int = Field(3, ge=1)

@@ -20,8 +20,7 @@ from typing import Any, Mapping, Sequence
 from sagemaker.train.training_session import SamplingParams
 
 from steps.dapo import stats
-from steps.dapo.reward import RewardShaping
-from steps.dapo.sampling import GenerationBatch, GroupSampler
+from steps.dapo.sampling import GenerationBatch, GroupSampler, RewardShaping
 from steps.dapo.task import Example, Task
 from steps.platform.billing import TokenMeter
 

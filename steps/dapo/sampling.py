@@ -1,36 +1,38 @@
 """Generation batches of graded groups, and DAPO's dynamic sampling that fills one step.
 
-A generation batch is ``batch_size`` prompts x ``group_size`` samples, each prompt rendered
-and each completion graded by the run's task (steps/dapo/task.py). Every
-prompt of a batch is submitted before any result is awaited (the SDK returns
-futures), so a batch costs about one round trip, not one per prompt. A failed
-request is resubmitted a bounded number of times; a group that still fails is
-reported, never silently dropped. Only the service call is retried: an error in
-decoding or grading is a bug and surfaces as one.
+A generation batch is ``batch_size`` prompts x ``group_size`` samples, each prompt rendered and each completion
+graded by the run's task (steps/dapo/task.py) and rewarded here (:func:`reward`: the one place a grade becomes a
+reward, so what is rewarded and what is reported as correct cannot drift apart). Every prompt of a batch is
+submitted before any result is awaited (the SDK returns futures), so a batch costs about one round trip, not one
+per prompt. A failed request is resubmitted a bounded number of times; a group that still fails is reported,
+never silently dropped. Only the service call is retried: an error in decoding or grading is a bug and surfaces
+as one.
 
-Dynamic sampling keeps a group only if its rewards are not all equal (an
-all-equal group has zero advantage everywhere and no gradient) and draws
-generation batches until ``batch_size`` groups are kept; kept groups beyond
-that are carried into the next step. When the keep rate seen so far says one
-more batch will not fill the step, further batches are started before the
-current one returns (how many is the scheduling policy's choice, steps/dapo/schedule.py):
-an over-shoot's surplus is carried, which is cheaper than an extra sequential round trip
-(``make bench``). Batches still in flight once the step is full are not waited for: they
-are the next step's first.
+Dynamic sampling (:meth:`Filling.collect`) keeps a group only if its rewards are not all equal (an all-equal
+group has zero advantage everywhere and no gradient) and draws generation batches until ``batch_size`` groups
+are kept; kept groups beyond that are carried into the next step. When the keep rate seen so far says one more
+batch will not fill the step, further batches are started before the current one returns
+(:func:`batches_to_launch`): an over-shoot's surplus is carried, which is cheaper than an extra sequential round
+trip (``make bench``). Batches still in flight once the step is full are not waited for: they are the next
+step's first. The prompts come from the seeded data order (:class:`Cursor`), passed through the selective-
+rollout filter when it is on (steps/dapo/selective.py).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 from botocore.exceptions import ClientError
 from sagemaker.train.training_session import SamplingParams
 
+from steps.config.models import RewardFormat
 from steps.dapo.chat import completion_text, opens_reasoning
-from steps.dapo.reward import RewardShaping, reward
+from steps.dapo.selective import Selector
 from steps.dapo.task import Grade, Task
 from steps.platform.billing import TokenMeter
 from steps.platform.failfast import ServiceUnreachable
@@ -41,8 +43,49 @@ log = logging.getLogger(__name__)
 #: resubmitting cannot help, so the step fails at once rather than drawing
 #: generation batches of nothing until max_num_gen_batches and blaming the data.
 SESSION_GONE = frozenset({"ConflictException", "ResourceNotFoundException"})
+#: The most optimizer steps a group is ever trained after the weights that sampled it. Surplus groups
+#: carried into the next step are one step old; sampling ahead (max_steps_off_policy 1) makes a step's
+#: groups one step old, and the ones it would carry two: those are dropped. The PPO ratio against the
+#: sampler's logprobs (and its clip) is what makes a step-old group safe to train on.
+OFF_POLICY_LIMIT = 1
+#: Fresh generation batches (whose surplus is carried) cover a step's need unless the keep rate falls this many
+#: binomial standard deviations short: a step that comes up short waits a whole extra round.
+SPARE_SD = 2.0
 
 
+# -- the reward ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RewardShaping:
+    """How a grade becomes a reward: which reading pays (``strict``: committed in the instructed form, the
+    default and what approval compares; ``lenient``: also an answer found some other way), and DAPO's soft
+    overlong punishment (eq. 13), off while ``overlong_buffer`` is 0."""
+
+    max_tokens: int
+    overlong_buffer: int = 0
+    overlong_penalty: float = 0.0
+    reward_format: RewardFormat = "strict"
+
+
+def overlong_penalty(length: int, shaping: RewardShaping) -> float:
+    """0 up to ``max_tokens - overlong_buffer`` tokens, then falling linearly to ``-overlong_penalty``."""
+    if shaping.overlong_buffer <= 0:
+        return 0.0
+    start = shaping.max_tokens - shaping.overlong_buffer
+    if length <= start:
+        return 0.0
+    if length >= shaping.max_tokens:
+        return -shaping.overlong_penalty
+    return -shaping.overlong_penalty * (length - start) / shaping.overlong_buffer
+
+
+def reward(result: Grade, length: int, shaping: RewardShaping) -> float:
+    """1 for a correct answer (under ``shaping.reward_format``), 0 otherwise, plus the overlong
+    punishment of a ``length``-token completion."""
+    paid = result.correct if shaping.reward_format == "strict" else result.correct_lenient
+    return (1.0 if paid else 0.0) + overlong_penalty(length, shaping)
+
+
+# -- graded groups ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rollout:
     """One sampled completion, its grade and its reward."""
@@ -91,6 +134,14 @@ def _session_gone(exc: Exception) -> bool:
     """Resubmitting cannot help: the session is gone, or its service does not answer at all."""
     return isinstance(exc, ServiceUnreachable) or (
         isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in SESSION_GONE)
+
+
+@dataclass(frozen=True)
+class SamplerAt:
+    """A SamplingClient and the optimizer step of the weights it samples."""
+
+    step: int
+    client: Any
 
 
 @dataclass(frozen=True)
@@ -179,6 +230,67 @@ class GroupSampler:
         return Group(index, self.prompt(index), tuple(rollouts), sampler_step)
 
 
+# -- the data order --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataPosition:
+    epoch: int = 0
+    offset: int = 0
+
+
+def take(n_examples: int, batch_size: int, seed: int, pos: DataPosition) -> tuple[list[int], DataPosition]:
+    """The next ``batch_size`` example indices from ``pos`` (one generation batch), wrapping into new epochs.
+    Each epoch is a fresh permutation drawn from ``(seed, epoch)``, so the whole order is a pure function of the
+    seed and a resume needs only the position: no RNG state to pickle, no prompt seen twice in an epoch."""
+    if n_examples < 1:
+        raise ValueError("no training examples")
+    out: list[int] = []
+    epoch, offset = pos.epoch, pos.offset
+    while len(out) < batch_size:
+        perm = np.random.default_rng([seed, epoch]).permutation(n_examples)
+        chunk = perm[offset : offset + batch_size - len(out)]
+        out.extend(int(i) for i in chunk)
+        offset += len(chunk)
+        if offset >= n_examples:
+            epoch, offset = epoch + 1, 0
+    return out, DataPosition(epoch, offset)
+
+
+@dataclass
+class Cursor:
+    """Where a step's next generation batch is drawn from, as the step draws them: the data position, and
+    the generation batches drawn over the run (the count seeds each batch's sampling requests)."""
+
+    position: DataPosition
+    drawn: int
+
+    def next(self, n_examples: int, batch_size: int, seed: int,
+             selector: Selector | None = None) -> tuple[list[int], int]:
+        """The next generation batch's example indices and its sampling seed; with a ``selector``, the prompts
+        it skips are passed over (they count as drawn: the epoch moves on past them)."""
+        batch_seed = derived_seed(seed, self.drawn)
+        if selector is None:
+            indices, self.position = take(n_examples, batch_size, seed, self.position)
+        else:
+            indices = self._selected(n_examples, batch_size, seed, selector)
+        self.drawn += 1
+        return indices, batch_seed
+
+    def _selected(self, n_examples: int, batch_size: int, seed: int, selector: Selector) -> list[int]:
+        """``batch_size`` prompts the selector keeps, in data order. After an epoch's worth looked at, the rest
+        are taken as they come: a batch is never left short because every prompt in sight was predicted
+        all-equal. The skips are seeded per batch, so a resume skips the same."""
+        rng = np.random.default_rng([seed, self.drawn, 31])
+        chosen: list[int] = []
+        seen = 0
+        while len(chosen) < batch_size:
+            candidates, self.position = take(n_examples, batch_size - len(chosen), seed, self.position)
+            for index in candidates:
+                seen += 1
+                if seen > n_examples or selector.keep(index, rng):
+                    chosen.append(index)
+        return chosen
+
+
 # -- dynamic sampling ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepBatch:
@@ -192,7 +304,7 @@ class StepBatch:
     empty_rollouts: int  # generation batches in which every request failed
     speculative: int  # batches started before the previous one returned
     hit_cap: bool
-    in_flight: tuple["GenerationBatch", ...] = ()  # spares still running once the step was full: the next step's
+    in_flight: tuple[GenerationBatch, ...] = ()  # spares still running once the step was full: the next step's
 
     @property
     def informative(self) -> int:
@@ -208,20 +320,50 @@ class StepBatch:
         return sum(not g.is_informative() and g.all_wrong() for g in self.sampled)
 
 
-#: How many generation batches to start now, given (need, in_flight, batch_size, keep_rate, budget, fresh):
-#: the scheduling policy's choice (:meth:`steps.dapo.schedule.Policy.batches_to_launch`).
-BatchesToLaunch = Callable[[int, int, int, float, int, bool], int]
+def batches_for(need: int, batch_size: int, keep_rate: float, spare_sd: float) -> int:
+    """The fewest generation batches whose kept groups, at ``keep_rate``, reach ``need`` even ``spare_sd``
+    standard deviations below their mean (each prompt's group kept or not, independently)."""
+    p = max(keep_rate, 1e-3)
+    n = max(1, math.ceil(need / (p * batch_size)))
+    while n * batch_size * p - spare_sd * math.sqrt(n * batch_size * p * (1 - p)) < need:
+        n += 1
+    return n
+
+
+def batches_to_launch(need: int, in_flight: int, batch_size: int, keep_rate: float, budget: int,
+                      fresh: bool = True, max_inflight: int | None = None) -> int:
+    """How many new generation batches to start now, all at once: a batch started after the others
+    return adds a whole round, the tail of its longest sequence.
+
+    ``fresh``: the surplus of a batch started now can be carried into the next step. Then enough
+    that the batches in flight fill the remaining ``need`` unless the keep rate falls ``SPARE_SD``
+    standard deviations short (:func:`batches_for`). Not fresh (sampled ahead, before the update it
+    overlaps is done: a carried group would be two steps old and dropped), only the batches the keep
+    rate expects the step to need, rounded up: rounded down, a step came up short more often than not
+    and waited a whole extra round for the spares started after the update (``make bench``, decode x2
+    at 20% keep: 1.31 -> 1.21 of the critical path, the same tokens sampled). Either way at least one
+    when nothing is in flight and the step needs groups. Within the cap's ``budget``, and
+    ``max_inflight`` (``max_inflight_gen_batches``) when set.
+    """
+    if need <= 0 or budget <= 0:
+        return 0
+    wanted = batches_for(need, batch_size, keep_rate, SPARE_SD if fresh else 0.0) - in_flight
+    cap = budget if max_inflight is None else min(budget, max_inflight - in_flight)
+    return max(0, min(wanted, cap))
 
 
 @dataclass
 class Draws:
-    """One step's dynamic sampling as it goes: the groups kept and sampled, the batches in flight."""
+    """One step's dynamic sampling as it goes: where its prompts come from, the groups kept and sampled, the
+    batches in flight. Mutable, and owned by the one fill that draws it."""
 
+    cursor: Cursor
     carry: tuple[Group, ...]
     evidence: tuple[int, int]  # (informative, sampled) groups of the run before this step
+    selector: Selector | None = None  # selective rollouts' filter on the prompts drawn (None: off)
+    in_flight: deque[GenerationBatch] = field(default_factory=deque)
     kept: list[Group] = field(default_factory=list)
     sampled: list[Group] = field(default_factory=list)
-    in_flight: deque[GenerationBatch] = field(default_factory=deque)
     launched: int = 0
     failed: int = 0
     empty: int = 0
@@ -253,38 +395,37 @@ class Draws:
                          in_flight=tuple(self.in_flight))
 
 
-def collect_step(launch: Callable[[], GenerationBatch], carry: Sequence[Group], batch_size: int,
-                 max_num_gen_batches: int, batches_to_launch: BatchesToLaunch, evidence: tuple[int, int],
-                 newer_weights: Callable[[], None] | None = None, in_flight: Sequence[GenerationBatch] = (),
-                 spares: bool = True) -> StepBatch:
-    """Draw generation batches until ``batch_size`` groups are kept or ``max_num_gen_batches`` are drawn.
+@dataclass(frozen=True)
+class Filling:
+    """How a run's steps are filled: its group sampler and the dynamic-sampling settings."""
 
-    ``evidence`` is (informative, sampled) groups of the run before this step: with this step's
-    own, it is the keep rate from which ``batches_to_launch`` decides how many batches to start at once.
-    ``in_flight``: the previous step's spares, still running; the step's own still running once it is
-    full are returned the same way (``StepBatch.in_flight``), so a spare never delays a step.
-    ``newer_weights`` (sampling ahead): waits until the update this step overlaps is done and makes
-    ``launch`` sample its weights. Before it, only the batches the step is expected to need are
-    started (a surplus sampled on the older weights would be too stale to carry); it is called
-    before the first wait, and the spares are started on the newer weights. ``spares``: whether a
-    surplus can be carried at all (not in a run's last step).
-    """
-    draws = Draws(tuple(carry), evidence, in_flight=deque(in_flight))
-    fresh = newer_weights is None
-    while True:
-        need = batch_size - len(draws.kept)
-        if need <= 0:
-            return draws.step_batch(batch_size)
-        n = batches_to_launch(need, len(draws.in_flight), batch_size, draws.keep_rate(),
-                              max_num_gen_batches - draws.launched, fresh and spares)
+    groups: GroupSampler
+    batch_size: int
+    max_num_gen_batches: int
+    seed: int
+    max_inflight: int | None = None  # max_inflight_gen_batches; None: as many as the keep rate says
+
+    def launch(self, draws: Draws, at: SamplerAt, fresh: bool = True) -> None:
+        """Start the generation batches :func:`batches_to_launch` says the step needs now, on ``at``'s weights,
+        every request of them on the service before any is awaited."""
+        n = batches_to_launch(self.batch_size - len(draws.kept), len(draws.in_flight), self.batch_size,
+                              draws.keep_rate(), self.max_num_gen_batches - draws.launched, fresh, self.max_inflight)
         draws.speculative += max(0, n - (0 if draws.in_flight else 1))
         for _ in range(n):
-            draws.in_flight.append(launch())
+            indices, seed = draws.cursor.next(len(self.groups.examples), self.batch_size, self.seed, draws.selector)
+            batch = self.groups.launch(at.client, indices, seed, at.step)
+            for future in batch.futures:
+                future.operation_id  # noqa: B018 - blocks until the submit round trip is done
+            draws.in_flight.append(batch)
             draws.launched += 1
-        if not fresh:
-            newer_weights()  # type: ignore[misc]
-            fresh = True
-            continue
-        if not draws.in_flight:
-            return draws.step_batch(batch_size)
-        draws.receive(draws.in_flight.popleft().result())
+
+    def collect(self, draws: Draws, at: SamplerAt, spares: bool = True) -> StepBatch:
+        """Draw generation batches on ``at``'s weights until ``batch_size`` groups are kept or
+        ``max_num_gen_batches`` are drawn, receiving them in launch order. ``spares``: whether a surplus can be
+        carried at all (not in a run's last step): then spare batches go out with the expected ones."""
+        while len(draws.kept) < self.batch_size:
+            self.launch(draws, at, fresh=spares)
+            if not draws.in_flight:
+                break
+            draws.receive(draws.in_flight.popleft().result())
+        return draws.step_batch(self.batch_size)

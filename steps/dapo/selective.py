@@ -21,15 +21,24 @@ from __future__ import annotations
 import base64
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
-
-from steps.dapo.sampling import Group
 
 # A prompt's last outcome, one byte per prompt index.
 UNSEEN, MIXED, ALL_RIGHT, ALL_WRONG = 0, 1, 2, 3
 STREAK_MAX = np.iinfo(np.uint16).max
+
+
+class Group(Protocol):
+    """What the history reads of a graded group (steps/dapo/sampling.py's ``Group``, which draws through this
+    module's filter: the protocol keeps the import one way)."""
+
+    example_index: int
+
+    def is_informative(self) -> bool: ...
+
+    def all_wrong(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,13 @@ class Selector:
             self.predicted_mixed += 1
         return True
 
+    def observed(self, groups: Sequence[Group], step: int) -> tuple[SkipState, dict[str, Any]]:
+        """Once the step's sampled ``groups`` are graded: the prompts' history with them (:func:`after_step`), and
+        the step's figures, its observed keep rate among them."""
+        informative = sum(g.is_informative() for g in groups)
+        figures = {**self.figures(), "observed_keep_rate": informative / len(groups) if groups else float("nan")}
+        return after_step(self.state, groups, step, self.settings, self.explored + self.skipped > 0), figures
+
     def figures(self) -> dict[str, Any]:
         """The step's selective-rollout figures (``observed_keep_rate`` is added where the groups are graded)."""
         p_easy, p_hard = self.state.probabilities(self.settings)
@@ -207,16 +223,6 @@ class Selector:
                 "p_easy": p_easy, "p_hard": p_hard}
 
 
-def draw(take: Callable[[int], list[int]], batch_size: int, keep: Callable[[int], bool], limit: int) -> list[int]:
-    """``batch_size`` prompts from the data order (``take(n)``: the next ``n``), the skipped ones passed over.
-    After ``limit`` prompts looked at (an epoch's worth), the rest are taken as they come: a batch is never
-    left short because every prompt in sight was predicted all-equal."""
-    chosen: list[int] = []
-    seen = 0
-    while len(chosen) < batch_size:
-        candidates = take(batch_size - len(chosen))
-        for index in candidates:
-            seen += 1
-            if seen > limit or keep(index):
-                chosen.append(index)
-    return chosen
+def selector(settings: Settings, state: SkipState) -> Selector | None:
+    """The filter on one step's prompts, None while selective rollouts are off (the default)."""
+    return Selector(settings, state) if settings.enabled else None

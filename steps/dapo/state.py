@@ -8,25 +8,27 @@ the next step, the keep-rate evidence, the health guards' counts and the prompts
 rollouts (steps/dapo/selective.py). It is written atomically
 (``steps/platform/files.py``), so a kill mid-write leaves the previous checkpoint intact.
 
-The data order: each epoch is a fresh permutation drawn from ``(seed, epoch)``,
-so the whole order is a pure function of the seed and a resume needs only the
-position ``(epoch, offset)``: no RNG state to pickle, no prompt seen twice in an epoch.
+The data order is a pure function of the seed (steps/dapo/sampling.py), so a resume needs only the
+position ``(epoch, offset)``. A checkpoint step's ``save_state`` runs behind the next step's sampling
+(:class:`PendingCheckpoint`): ``checkpoint.json`` is written once it is done, so it only ever names a state
+that exists.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from steps.cli import Refused
-from steps.dapo.guards import GuardState
-from steps.dapo.sampling import Group, Rollout, derived_seed
-from steps.dapo.selective import Selector, SkipState, draw
+from steps.dapo.health import GuardState
+from steps.dapo.sampling import DataPosition, Group, Rollout
+from steps.dapo.selective import SkipState
 from steps.dapo.task import Grade
 from steps.platform import files
+
+log = logging.getLogger(__name__)
 
 FILENAME = "checkpoint.json"
 VERSION = 3
@@ -34,55 +36,6 @@ VERSION = 3
 
 class CheckpointError(Refused):
     pass
-
-
-@dataclass(frozen=True)
-class DataPosition:
-    epoch: int = 0
-    offset: int = 0
-
-
-def take(n_examples: int, batch_size: int, seed: int, pos: DataPosition) -> tuple[list[int], DataPosition]:
-    """The next ``batch_size`` example indices from ``pos`` (one generation batch), wrapping into new epochs."""
-    if n_examples < 1:
-        raise ValueError("no training examples")
-    out: list[int] = []
-    epoch, offset = pos.epoch, pos.offset
-    while len(out) < batch_size:
-        perm = np.random.default_rng([seed, epoch]).permutation(n_examples)
-        chunk = perm[offset : offset + batch_size - len(out)]
-        out.extend(int(i) for i in chunk)
-        offset += len(chunk)
-        if offset >= n_examples:
-            epoch, offset = epoch + 1, 0
-    return out, DataPosition(epoch, offset)
-
-
-@dataclass
-class Cursor:
-    """Where a step's next generation batch is drawn from, as the step draws them: the data position, and
-    the generation batches drawn over the run (the count seeds each batch's sampling requests)."""
-
-    position: DataPosition
-    drawn: int
-
-    def next(self, n_examples: int, batch_size: int, seed: int,
-             selector: Selector | None = None) -> tuple[list[int], int]:
-        """The next generation batch's example indices and its sampling seed; with a ``selector``, the prompts
-        it skips are passed over (they count as drawn: the epoch moves on past them)."""
-        batch_seed = derived_seed(seed, self.drawn)
-        if selector is None:
-            indices, self.position = take(n_examples, batch_size, seed, self.position)
-        else:
-            rng = np.random.default_rng([seed, self.drawn, 31])  # seeded per batch: a resume skips the same
-
-            def more(n: int) -> list[int]:
-                out, self.position = take(n_examples, n, seed, self.position)
-                return out
-
-            indices = draw(more, batch_size, lambda i: selector.keep(i, rng), limit=n_examples)
-        self.drawn += 1
-        return indices, batch_seed
 
 
 @dataclass(frozen=True)
@@ -100,7 +53,7 @@ class LoopState:
     sampler_model_package_arn: str = ""
     stopped_early: bool = False
     stop_reason: str = ""
-    guard: str = ""  # the health guard that stopped the run (steps/dapo/guards.py), or ""
+    guard: str = ""  # the health guard that stopped the run (steps/dapo/health.py), or ""
     guard_state: GuardState = GuardState()  # the guards' counts, so a resumed run keeps them
     selective: SkipState = SkipState()  # the prompts' history and exploration probabilities (selective rollouts)
 
@@ -149,6 +102,21 @@ def read(directory: str | Path) -> LoopState | None:
             f"training stops here. Delete {path} to start the run from scratch, or restore the file "
             "from the checkpoint S3 prefix."
         ) from None
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    """A checkpoint whose save_state may still be running."""
+
+    save_state: Any
+    state: LoopState
+
+    def write(self, directory: str | Path) -> str:
+        """Wait for the save_state, then write checkpoint.json: it only ever names a state that exists."""
+        arn = self.save_state.result().model_package_arn
+        write(directory, self.state.with_saved_state(arn))
+        log.info("checkpoint: step=%d state=%s", self.state.step, arn)
+        return arn
 
 
 def resume_or_start(directory: str | Path, seed: int) -> LoopState:

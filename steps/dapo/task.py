@@ -31,7 +31,7 @@ class Example(Protocol):
 class Grade:
     """A task's verdict on one completion. Two readings: strict (the answer committed in the form the
     prompt instructs) and lenient (also the answer found some other way); DAPO's ``reward_format``
-    says which one pays (steps/dapo/reward.py)."""
+    says which one pays (steps/dapo/sampling.py)."""
 
     correct: bool  # strict: the reference answer, committed in the instructed form
     formatted: bool  # an answer was committed in the instructed form (right or wrong)
