@@ -1,4 +1,4 @@
-"""Knobs that drive the toy sick: the failures the training step's health guards catch (steps/dapo/guards.py).
+"""Knobs that drive the toy sick: the failures the training step's health guards catch (steps/dapo/health.py).
 
 Each drives the sampler of ``local-toy-arith`` into one failure of RL fine-tuning that users of every RL stack
 report, so a test can show that its guard stops the run:
