@@ -24,6 +24,7 @@ from steps.config.parameters import PARAMETERS
 from steps.dapo import curves
 from steps.platform import billing
 from steps.platform.ownership import Owner
+from tests import pinned
 from tests.test_interrupt import assert_the_step_stopped_its_session_before_the_service_stopped
 from tests.test_reevaluate import sample_and_reevaluate
 
@@ -153,6 +154,8 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, out
     d = _run_dir(tmp_path)
+    # Every figure of the seeded run and its approval are the loop's before its rewrite (issue 37), to nine digits.
+    assert pinned.figures(d) == json.loads(pinned.PINNED.read_text())
     # A person's terminal: every line within 100 columns, one compact line per training step (local/console.py) ...
     wide = [line for line in (out + err).splitlines() if len(line) > 100]
     assert not wide, wide
