@@ -112,6 +112,8 @@ SCENARIOS = (
              (("train_tokens_per_s", 0.5), ("optim_step_s", 2), ("save_weights_s", 2))),
     Scenario("long completions", "every generated and trained token priced as 5: 640 tokens on average, "
              "a tail to 2,560", (("length_scale", 5),)),
+    Scenario("cap 256", "a quarter of the running cap (256 sequences decode at once, the rest queue, at the default "
+             "1024): vLLM's max_num_seqs off H100-class GPUs", (("max_running", 0.25),)),
 )
 
 

@@ -63,8 +63,9 @@ def test_sequences_beyond_the_batch_capacity_share_the_decode_throughput():
     assert sim.gpus.snapshot()["decoded_tokens"] == pytest.approx(800)
 
 
-def test_a_finish_moves_later_when_more_sequences_arrive():
-    sim = Sim()
+@pytest.mark.parametrize("max_running", [20, 1024])  # 20: the cap holds exactly the 20 sequences, as if none
+def test_a_finish_moves_later_when_more_sequences_arrive(max_running):
+    sim = Sim(Costs(**{**SMALL.to_dict(), "max_running": max_running}))
     first = sim.gpus.sampling_arrives(0)
     sim.gpus.sampled(first, [40])  # alone: 4 s
     sim.at(1.0)  # 10 tokens done; then 19 more sequences arrive: 20 active, 5 tokens/s each
@@ -74,6 +75,44 @@ def test_a_finish_moves_later_when_more_sequences_arrive():
     assert sim.finish(first) == pytest.approx(7.0)
     # The crowd: 30 tokens at 5/s to t=7, then 19 sequences (over capacity) share 100/s for the other 70 each.
     assert sim.since_start(crowd.finish) == pytest.approx(7.0 + 70 * 19 / 100)
+
+
+def test_beyond_the_running_cap_a_late_request_waits_for_a_running_sequence_and_slows_none():
+    """vLLM's max_num_seqs: 20 sequences run, sharing the 100 tokens/s (5 each); a 21st waits for a running one to
+    end, and the running ones keep their 5 tokens/s (without the cap, 21 would share from 0.5 s)."""
+    def run(max_running: int) -> tuple[float, float, float]:
+        sim = Sim(Costs(**{**SMALL.to_dict(), "max_running": max_running}))
+        short, long = sim.gpus.sampling_arrives(0), sim.gpus.sampling_arrives(0)
+        sim.gpus.sampled(short, [5])  # ends at 1 s
+        sim.gpus.sampled(long, [20] * 19)  # 5 tokens by 1 s, 15 more at 5/s: ends at 4 s
+        sim.at(0.5)
+        late = sim.gpus.sampling_arrives(0)
+        sim.gpus.sampled(late, [20])
+        assert sim.at(0.9).snapshot()["waiting_now"] == (1 if max_running == 20 else 0)
+        return sim.finish(short), sim.finish(long), sim.finish(late)
+
+    assert run(20) == pytest.approx((1.0, 4.0, 4.5))  # late: from 1 s, 15 tokens at 5/s, then 5 alone at 10/s
+    # Uncapped, 21 share 100 tokens/s from 0.5 s: every running one slowed, the late one sooner.
+    assert run(1024) == pytest.approx((0.5 + 2.5 * 21 / 100, 4.025, 4.275))
+
+
+def test_the_queue_admits_first_come_first_served_one_sequence_at_a_time():
+    """Cap 2: a request's own sequences wait their turn one by one, and a shorter request that came later waits
+    for all of an earlier one's (not shortest first). Each wait is one jump of virtual time: the bound a wait
+    sleeps until runs the queue too."""
+    sim = Sim(Costs(**{**SMALL.to_dict(), "max_running": 2}))
+    first = sim.gpus.sampling_arrives(0)
+    sim.gpus.sampled(first, [10, 30])  # both run at 10 tokens/s: end at 1 s and 3 s
+    sim.at(0.2)
+    second = sim.gpus.sampling_arrives(0)
+    sim.gpus.sampled(second, [10, 10])  # waits: its first from 1 s to 2 s, its second from 2 s to 3 s
+    sim.at(0.4)
+    third = sim.gpus.sampling_arrives(0)
+    sim.gpus.sampled(third, [5])  # waits behind both of second's: from 3 s to 3.5 s
+    assert sim.at(1.5).snapshot()["waiting_now"] == 2
+    for job, done, jumps in ((first, 3.0, 1), (second, 3.0, 0), (third, 3.5, 1)):  # second ends with first
+        assert jump_until_done(sim, [job], limit=1) == jumps
+        assert sim.since_start(job.finish) == pytest.approx(done)
 
 
 def test_training_queues_in_order_and_costs_tokens_or_fixed_times():
@@ -212,79 +251,10 @@ def test_virtual_time_jumps_only_while_every_request_waits_on_the_gpus():
     assert clock.now() == 5.0
 
 
-class ClientThread:
-    """A client thread of a service in virtual time: its submits and held polls, counted as the server counts them."""
-
-    def __init__(self, clock: VirtualClock, gpus: Gpus) -> None:
-        self.clock, self.gpus = clock, gpus
-
-    def submit(self, arrives):
-        with self.clock.request(submits=True):
-            return arrives()
-
-    def wait(self, job) -> float:
-        """Until ``job`` is done; the simulated time it was shown at."""
-        with self.clock.request(submits=False), self.clock.holding():
-            assert self.gpus.wait(job, time.monotonic() + 30, threading.Event())
-        return self.clock.now()
-
-
-def test_a_single_thread_loop_times_exactly_as_before_the_clock_counted_threads():
-    clock = VirtualClock()
-    client = ClientThread(clock, Gpus(SMALL, clock))
-    shown = []
-    for _ in range(2):  # sample, then train on it: 20 tokens at 100 ms, then 1,000 tokens at 1,000/s and a 2 s optim
-        job = client.submit(lambda: client.gpus.sampling_arrives(0))
-        client.gpus.sampled(job, [20])
-        shown.append(client.wait(job))
-        client.submit(lambda: client.gpus.training_arrives("forwardBackward", 1000))
-        shown.append(client.wait(client.submit(lambda: client.gpus.training_arrives("optimizerStep", 0))))
-    assert shown == pytest.approx([2.0, 5.0, 7.0, 10.0], abs=1e-6)
-    assert clock.snapshot()["client_threads"] == 1
-
-
-@pytest.mark.parametrize("threads,b_done,end", [(2, 8.0, 10.0), (1, 18.0, 18.0)])
-def test_two_concurrent_waits_on_disjoint_work_take_the_longer_not_the_sum(threads, b_done, end):
-    """Thread A waits on 10 s of training while thread B computes, then submits 8 s of sampling and waits. With both
-    threads declared, A's held poll cannot move the clock while B computes: 10 s in all. Counted as one thread (the
-    clock before issue 30), time jumped to A's finish under B's computing: B's work started at 10 s, 18 s in all."""
-    clock = VirtualClock()
-    gpus = Gpus(SMALL, clock)
-    clock.client_threads(threads - 1)  # B's, declared before it starts
-    a, b = ClientThread(clock, gpus), ClientThread(clock, gpus)
-    shown: dict[str, float] = {}
-
-    def thread_b():
-        try:
-            while clock.snapshot()["polls_waiting"] < 1:  # A is waiting on the service
-                threading.Event().wait(0.001)
-            # B's own computing, CPU time that takes no simulated time: long enough for a clock that jumps under it
-            # to do so (it jumps once no request was submitted for QUIET_S).
-            computing = time.monotonic() + 0.5
-            while clock.now() == 0.0 and time.monotonic() < computing:
-                threading.Event().wait(0.001)
-            job = b.submit(lambda: gpus.sampling_arrives(0))
-            gpus.sampled(job, [80])  # 80 tokens at 100 ms
-            shown["b"] = b.wait(job)
-        finally:
-            if threads > 1:
-                clock.client_threads(-1)  # B no longer waits: A's poll alone may move the clock
-
-    worker = threading.Thread(target=thread_b)
-    worker.start()
-    shown["a"] = a.wait(a.submit(lambda: gpus.training_arrives("forwardBackward", 10_000)))
-    worker.join(30)
-    assert shown["b"] == pytest.approx(b_done, abs=1e-6)
-    assert max(shown.values()) == pytest.approx(end, abs=1e-6)
-
-
-def test_a_client_cannot_take_back_its_own_thread():
-    with pytest.raises(ValueError, match="at least the client's own"):
-        VirtualClock().client_threads(-1)
-
-
 @pytest.mark.parametrize("values, named", [({"time_scale": 0}, "time_scale=0"), ({"enabled": "yes"}, "enabled="),
-                                           ({"save_state_s": -1}, "save_state_s=-1"), ({"speed": 2}, "'speed'")])
+                                           ({"save_state_s": -1}, "save_state_s=-1"), ({"speed": 2}, "'speed'"),
+                                           ({"max_running": 0}, "max_running=0"),
+                                           ({"max_running": 2.5}, "max_running=2.5 is invalid: expected a whole")])
 def test_settings_name_the_bad_one(values, named):
     with pytest.raises(ValueError, match=named):
         Costs.from_mapping(values)
@@ -292,7 +262,8 @@ def test_settings_name_the_bad_one(values, named):
 
 def test_settings_from_the_environment():
     assert Costs.from_env({"LOCAL_TS_COST_MODEL": "1", "LOCAL_TS_COST_TIME_SCALE": "50",
-                           "LOCAL_TS_COST_SHARED_GPUS": "false"}) == Costs(enabled=True, time_scale=50.0)
+                           "LOCAL_TS_COST_SHARED_GPUS": "false", "LOCAL_TS_COST_MAX_RUNNING": "256"}
+                          ) == Costs(enabled=True, time_scale=50.0, max_running=256)
     with pytest.raises(ValueError, match="LOCAL_TS_COST_MODEL='maybe' is not a bool"):
         Costs.from_env({"LOCAL_TS_COST_MODEL": "maybe"})
 
@@ -316,8 +287,9 @@ def _admin(url: str, body: dict | None = None) -> tuple[int, dict]:
 
 
 def test_through_the_sdk_a_result_is_shown_only_once_its_simulated_time_has_passed(local_service, service_client):
-    status, body = _admin(local_service.url, {"enabled": True, "time_scale": 1000, "token_latency_ms": 50})
-    assert status == 200 and body["costs"]["time_scale"] == 1000
+    status, body = _admin(local_service.url, {"enabled": True, "time_scale": 1000, "token_latency_ms": 50,
+                                              "max_running": 4.0})  # a whole float (a scenario's factor)
+    assert status == 200 and body["costs"]["time_scale"] == 1000 and type(body["costs"]["max_running"]) is int
     assert _admin(local_service.url, {"time_scale": -1})[0] == 400
     with service_client.create_sampling_client(base_model=BASE_MODEL_ARN) as sampler:  # costed: created after
         t0 = time.monotonic()
@@ -341,21 +313,3 @@ def test_through_the_sdk_virtual_time_passes_only_while_the_client_waits(local_s
         costed = _admin(local_service.url)[1]["sessions"][sampler.training_session_name]
     longest = max(len(seq.tokens) for seq in response.sequences)
     assert costed["simulated_s"] >= longest * 10 and waited < longest * 10
-
-
-def test_a_client_declares_its_waiting_threads_over_the_wire(local_service):
-    def threads(body) -> tuple[int, dict]:
-        request = urllib.request.Request(f"{local_service.url}/_admin/clock/threads", data=json.dumps(body).encode())
-        try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    status, body = threads({"delta": 1})
-    assert status == 200 and body["virtual_clock"]["client_threads"] == 2
-    assert threads({"delta": -1})[1]["virtual_clock"]["client_threads"] == 1
-    status, body = threads({"delta": -1})  # the client's own thread always waits
-    assert status == 400 and "at least the client's own" in body["message"]
-    status, body = threads({"delta": "2"})
-    assert status == 400 and "delta='2': an integer" in body["message"]

@@ -7,13 +7,18 @@ GPUs have done it:
 
 * **Sampling** (the sampler): a request first prefills its prompt
   (``prompt tokens / prefill_tokens_per_s``), then each of its sequences decodes its
-  generated tokens. Every sequence being decoded gets ``min(1 / token_latency,
-  decode_tokens_per_s / active sequences)`` tokens per second: one token per
-  ``token_latency_ms`` while the active sequences fit the sampler's batch capacity
+  generated tokens. At most ``max_running`` sequences decode at once (vLLM's
+  ``max_num_seqs``); the others wait in one first-come-first-served queue, in the order
+  their prefill ended (a request's own sequences in order; requests whose prefill ends at
+  the same simulated time in the order of their content, so every run is the same), and
+  the first of them starts as soon as a running sequence ends. Every running sequence gets ``min(1 / token_latency,
+  decode_tokens_per_s / running sequences)`` tokens per second: one token per
+  ``token_latency_ms`` while the running sequences fit the sampler's batch capacity
   (``decode_tokens_per_s x token_latency_ms``), and an equal share of the decode
-  throughput beyond it. That is processor sharing: a request's finish time moves
-  later when more sequences arrive while it decodes. A request is done when its
-  last sequence is.
+  throughput beyond it. That is processor sharing within the running set, as vLLM's
+  continuous batching decodes one token of every running request per step: a request's
+  finish time moves later when more sequences start while it decodes, but not when more
+  wait in the queue. A request is done when its last sequence is.
 * **Training** (the trainer): operations run one at a time, in sequence order.
   ``forward_backward`` costs its datum tokens / ``train_tokens_per_s`` (``forward``
   a third of that: no backward pass); ``optim_step``, ``save_weights_for_sampler``
@@ -47,8 +52,9 @@ about one wake-up per arrival that delays it. Two clocks:
 **Figures**: the product's own (:class:`pipeline.throughput.Throughput`, where each default
 is sourced): ``make start-pipeline`` prices a run's worst case with the same ones, and
 :class:`Costs` is those figures plus the simulation's own settings (on or off, the clock,
-shared GPUs). The backend sees none of this: ``metering`` feeds each session's GPUs
-from the backend's hooks.
+shared GPUs, the running cap: ``max_running`` 1024 is vLLM's ``max_num_seqs`` default on
+H100-class GPUs, from ``EngineArgs.get_batch_defaults``; 256 on others). The backend sees
+none of this: ``metering`` feeds each session's GPUs from the backend's hooks.
 
 Settable like the faults (``settings``): flags of ``python -m local.training_session``,
 ``LOCAL_TS_COST_*`` variables, ``POST /_admin/costs``. A session keeps the settings it
@@ -62,6 +68,7 @@ import itertools
 import math
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Mapping
@@ -84,6 +91,8 @@ SETTINGS = {
     "optim_step_s": ("LOCAL_TS_COST_OPTIM_STEP_S", "--optim-step-s", "seconds of an optim_step"),
     "save_weights_s": ("LOCAL_TS_COST_SAVE_WEIGHTS_S", "--save-weights-s", "seconds of a save_weights_for_sampler"),
     "save_state_s": ("LOCAL_TS_COST_SAVE_STATE_S", "--save-state-s", "seconds of a save_state (or load_state)"),
+    "max_running": ("LOCAL_TS_COST_MAX_RUNNING", "--max-running",
+                    "sequences the sampler decodes at once; the rest wait, first come first served (default 1024)"),
     "shared_gpus": ("LOCAL_TS_COST_SHARED_GPUS", "--shared-gpus",
                    "sampling and training share the GPUs: training pauses decoding"),
     "length_scale": ("LOCAL_TS_COST_LENGTH_SCALE", "--length-scale",
@@ -107,6 +116,7 @@ class Costs(Throughput, Settings):
     shared_gpus: bool = False
     virtual_time: bool = False
     length_scale: float = 1.0
+    max_running: int = 1024  # vLLM's max_num_seqs on H100-class GPUs (256 on others)
     KIND: ClassVar[str] = "cost"
     SETTINGS: ClassVar[Mapping[str, tuple[str, str, str]]] = SETTINGS
 
@@ -115,6 +125,9 @@ class Costs(Throughput, Settings):
             require("cost", isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         self._require("time_scale", lambda v: v > 0, "a number > 0")
         self._require("length_scale", lambda v: v > 0, "a number > 0")
+        self._require("max_running", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1")
+        # A bench scenario scales it by a factor (bench/loops.py Scenario.times): 1024 x 0.25 is the cap 256.
+        object.__setattr__(self, "max_running", int(self.max_running))
         super().__post_init__()
 
     def training_seconds(self, kind: str, tokens: float) -> float:
@@ -135,11 +148,11 @@ class Job:
     arrival: float
     seconds: float = 0.0  # training: its cost; sampling: the prefill
     known: bool = False  # its work is known (a sample's generated lengths; a training operation's cost)
-    start: float | None = None  # training: its turn on the trainer; sampling: the decode start
+    start: float | None = None  # training: its turn on the trainer; sampling: its prefill's end (decoding or queued)
     finish: float | None = None
     sequences_left: int = 0
     longest: float = 0  # sampling: tokens of its longest sequence (priced: times length_scale)
-    last_progress: float = 0.0  # sampling, once decoding: the decode progress at which its longest sequence ends
+    order: str = ""  # sampling: its place in the queue among requests whose prefill ends at the same time
 
 
 @dataclass
@@ -173,21 +186,16 @@ class WallClock:
 
 
 class VirtualClock:
-    """Simulated time that passes only while every client thread waits on the simulated GPUs: a discrete-event clock.
+    """Simulated time that passes only while the client waits on the simulated GPUs: a discrete-event clock.
 
     The service counts its requests: a result poll held for an unfinished operation is
-    waiting; any other request in progress means the client is at work. When as many
-    polls wait as the client has threads that wait on the service (:meth:`client_threads`;
-    one unless a client says otherwise), nothing else is in progress and no operation was
-    submitted for ``QUIET_S`` (the SDK submits a batch of requests from several threads at
-    once, and a poll may start while the last of them are still coming), the clock jumps to
-    the earliest time a waiting poll could be answered. So a client's own computing takes
-    no simulated time at all, however long the toy model and the SDK take for it on
-    this machine: what is measured is the loop's use of the GPUs. A client that waits on
-    several threads at once declares them (each thread's count added before it starts and
-    taken back when it ends): while one of them computes, the others' polls hold the clock,
-    so concurrent waits on disjoint work take the longer of them, not the sum. With one
-    thread (the training loop's), the clock jumps exactly as it always did.
+    waiting; any other request in progress means the client is at work. When a poll waits,
+    nothing else is in progress and no operation was submitted for ``QUIET_S`` (the SDK
+    submits a batch of requests from several threads at once, and a poll may start while
+    the last of them are still coming), the clock jumps to the earliest time a waiting poll
+    could be answered. So a client's own computing takes no simulated time at all, however
+    long the toy model and the SDK take for it on this machine: what is measured is the
+    loop's use of the GPUs.
     """
 
     QUIET_S = 0.01
@@ -198,7 +206,6 @@ class VirtualClock:
         self._now = 0.0
         self._active = 0  # requests in progress, held polls excluded
         self._held = 0  # polls waiting for their operation
-        self._threads = 1  # client threads that wait on the service: all of them must be held for time to pass
         self._wakeups: list[float] = []  # simulated times held polls wait for
         self._quiet_since = monotonic()  # the last submit (or other non-poll request) ended
         self._jumps = 0  # times the clock jumped: the simulation's events as the waits see them
@@ -234,24 +241,14 @@ class VirtualClock:
                 self._held -= 1
                 self._active += 1
 
-    def client_threads(self, delta: int) -> int:
-        """A client declares ``delta`` more (or, negative, fewer) threads waiting on the service; the count after.
-        Add a thread's before it starts, and take it back once it no longer waits (else the clock stalls)."""
-        with self._cond:
-            if self._threads + delta < 1:
-                raise ValueError(f"client threads {self._threads} + {delta}: at least the client's own one waits")
-            self._threads += delta
-            self._cond.notify_all()
-            return self._threads
-
     def _may_jump(self) -> bool:
-        """Every client thread waits on a held poll and no other request is in progress."""
-        return self._active == 0 and self._held >= self._threads
+        """A poll is held and no other request is in progress."""
+        return self._active == 0 and self._held > 0
 
     def snapshot(self) -> dict[str, Any]:
         with self._cond:
             return {"now_s": self._now, "requests_working": self._active, "polls_waiting": self._held,
-                    "client_threads": self._threads, "wakeups": len(self._wakeups), "jumps": self._jumps}
+                    "wakeups": len(self._wakeups), "jumps": self._jumps}
 
     def sleep_until(self, t: float, stopped: threading.Event, deadline: float) -> None:
         with self._cond:
@@ -278,7 +275,8 @@ Clock = WallClock | VirtualClock
 
 
 class Gpus:
-    """One session's GPUs in simulated time: a processor-sharing sampler and a FIFO trainer.
+    """One session's GPUs in simulated time: a sampler that shares its decode among at most ``max_running``
+    sequences and queues the rest first come first served, and a FIFO trainer.
 
     The simulation is committed event by event up to the present, but never past the
     arrival of a sample whose generated lengths are not known yet (its numpy work is
@@ -296,7 +294,9 @@ class Gpus:
         self._t = self.origin  # committed simulated time
         self._progress = 0.0  # tokens each decoding sequence has advanced since the start
         self._decoding: list[tuple[float, int, Job]] = []  # heap of (progress at its end, tiebreak, job)
-        self._joining: list[tuple[float, int, Job, list[float]]] = []  # heap: (decode start, tiebreak, job, lengths)
+        self._waiting: deque[tuple[float, Job]] = deque()  # sequences (length, job) queued for a running slot
+        # heap of (decode start, job.order, tiebreak, job, lengths): the order the queue takes them in
+        self._joining: list[tuple[float, str, int, Job, list[float]]] = []
         self._pending: list[Job] = []  # samples arrived whose work is not known: the commit horizon
         self._training: list[tuple[float, float]] = []  # the trainer's intervals, in order
         self._passed = 0  # intervals that ended before the committed time
@@ -308,10 +308,11 @@ class Gpus:
         return self.clock.now()
 
     # -- work arrives ----------------------------------------------------------
-    def sampling_arrives(self, prompt_tokens: int) -> Job:
-        """A sample request was submitted: it prefills, then decodes what :meth:`sampled` says."""
+    def sampling_arrives(self, prompt_tokens: int, order: str = "") -> Job:
+        """A sample request was submitted: it prefills, then decodes what :meth:`sampled` says. ``order``: where it
+        queues among requests whose prefill ends at the same simulated time (the request's content, say)."""
         with self._cond:
-            job = Job(arrival=self.now(), seconds=prompt_tokens / self.costs.prefill_tokens_per_s)
+            job = Job(arrival=self.now(), seconds=prompt_tokens / self.costs.prefill_tokens_per_s, order=order)
             self._pending.append(job)
             self.usage.prefill_tokens += prompt_tokens
             self.usage.sampling_jobs += 1
@@ -326,7 +327,7 @@ class Gpus:
             lengths = [n * self.costs.length_scale for n in lengths]
             if lengths:
                 job.sequences_left, job.longest = len(lengths), max(lengths)
-                heapq.heappush(self._joining, (decode_start, next(self._tiebreak), job, lengths))
+                heapq.heappush(self._joining, (decode_start, job.order, next(self._tiebreak), job, lengths))
             else:
                 job.finish = decode_start
             self._cond.notify_all()
@@ -382,22 +383,27 @@ class Gpus:
         if job.start is None:  # not decoding yet: its longest sequence at full speed from the decode start
             bound = job.arrival + job.seconds + job.longest * self.costs.fastest_token_s
         else:
-            bound = self._drain_time(job.last_progress)
+            bound = self._drain_time(job)
         return max(bound, self._t + tick(self._t))
 
-    def _drain_time(self, target: float) -> float:
-        """When decode progress reaches ``target`` if no sequence joins and decoding never pauses.
+    def _drain_time(self, job: Job) -> float:
+        """When ``job``'s last sequence ends if no sequence joins and decoding never pauses.
 
-        The sequences decoding now end one by one, each end raising the others' share. A join or
-        a pause only slows every sequence, so this never comes after the real time, and it is the
-        real time when neither comes (the same steps :meth:`_advance` takes)."""
-        t, progress = self._t, self._progress
-        ends = sorted(end for end, _, _ in self._decoding)
-        for i, end in enumerate(ends):
-            if end > target:
-                break
-            t += (end - progress) / self.costs.decode_rate(len(ends) - i)
+        The sequences running now end one by one, each end raising the others' share or letting the
+        queue's first sequence in. A join or a pause only slows every sequence (a join runs only when
+        the queue is empty, else it queues behind the job's own), so this never comes after the real
+        time, and it is the real time when neither comes (the same steps :meth:`_advance` takes)."""
+        t, progress, left = self._t, self._progress, job.sequences_left
+        running, waiting = list(self._decoding), iter(self._waiting)  # a heap's copy is a heap
+        tiebreak = itertools.count(-1, -1)  # apart from the heap's own (>= 0): equal ends never compare jobs
+        while running and left:
+            end, _, owner = heapq.heappop(running)
+            t += (end - progress) / self.costs.decode_rate(len(running) + 1)
             progress = end
+            left -= owner is job
+            admitted = next(waiting, None)
+            if admitted is not None:
+                heapq.heappush(running, (progress + admitted[0], next(tiebreak), admitted[1]))
         return t
 
     def _revealed(self, job: Job) -> None:
@@ -437,18 +443,20 @@ class Gpus:
             self._settle()
 
     def _settle(self) -> None:
-        """Sequences that ended, and requests whose decoding starts, at the committed time."""
+        """Sequences that ended, requests whose prefill ended (their sequences queued), and the queue's first
+        sequences into the running slots that are free, at the committed time."""
         while self._decoding and self._decoding[0][0] <= self._progress:
             _, _, job = heapq.heappop(self._decoding)
             job.sequences_left -= 1
             if job.sequences_left == 0:
                 job.finish = self._t
         while self._joining and self._joining[0][0] <= self._t:
-            _, _, job, lengths = heapq.heappop(self._joining)
+            *_, job, lengths = heapq.heappop(self._joining)
             job.start = self._t
-            for n in lengths:
-                heapq.heappush(self._decoding, (self._progress + n, next(self._tiebreak), job))
-            job.last_progress = self._progress + job.longest
+            self._waiting.extend((n, job) for n in lengths)
+        while self._waiting and len(self._decoding) < self.costs.max_running:
+            n, job = self._waiting.popleft()
+            heapq.heappush(self._decoding, (self._progress + n, next(self._tiebreak), job))
 
     def _block_at(self, t: float) -> tuple[bool, float, float]:
         """(decoding paused by training at ``t``, when that pause ends, when the next one starts).
@@ -476,6 +484,7 @@ class Gpus:
                 "decoded_tokens": u.decoded_tokens, "prefill_tokens": u.prefill_tokens, "trainer_busy_s": trainer_busy,
                 "trained_tokens": u.trained_tokens, "sampling_operations": u.sampling_jobs,
                 "training_operations": u.training_jobs, "decoding_now": len(self._decoding),
+                "waiting_now": len(self._waiting),
                 "reveal_lag_mean_s": u.reveal_lag_sum_s / u.revealed if u.revealed else 0.0,
                 "reveal_lag_max_s": u.reveal_lag_max_s,
             }

@@ -43,7 +43,10 @@ class CostMeter(Hooks):
         gpus = self.gpus(session)
         if gpus is None or work.kind in UNPRICED:
             return
-        job = gpus.training_arrives(work.kind, work.tokens) if work.training else gpus.sampling_arrives(work.tokens)
+        # Requests arriving at once (the SDK submits a batch from several threads, in no fixed order) queue in the
+        # order of their content, so that the simulation is the same in every run.
+        job = (gpus.training_arrives(work.kind, work.tokens) if work.training
+               else gpus.sampling_arrives(work.tokens, order=repr(work)))
         with self._lock:
             self._jobs[op] = job
 

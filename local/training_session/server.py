@@ -13,8 +13,7 @@ the cost model (``metering``).
 * Admin (not AWS): ``GET /_admin/sessions``, ``GET|POST /_admin/faults``,
   ``GET|POST /_admin/costs`` (the cost model's settings for new sessions, and each
   costed session's simulated clock and GPU use), ``GET|POST /_admin/sickness`` (the
-  knobs that drive the toy sick, for the health guards' tests), ``POST /_admin/clock/threads``
-  (``{"delta": n}``: client threads waiting on the service at once, for virtual time), ``GET /_admin/requests``
+  knobs that drive the toy sick, for the health guards' tests), ``GET /_admin/requests``
   (requests and errors per operation and kind).
 """
 from __future__ import annotations
@@ -236,20 +235,6 @@ def _setter(parse: Callable[[Any], Any], apply: Callable[[ServiceState, Any], No
     return handle
 
 
-def _client_threads(state: ServiceState, raw: bytes) -> Response:
-    """``{"delta": n}``: the client declares n more (negative: fewer) threads waiting on the service at once, so
-    that virtual time passes only while all of them wait (costs.VirtualClock.client_threads)."""
-    try:
-        delta = json.loads(raw or b"{}")["delta"]
-        if not isinstance(delta, int) or isinstance(delta, bool):
-            raise ValueError(f"delta={delta!r}: an integer")
-        state.meter.clock.client_threads(delta)
-    except (ValueError, TypeError, KeyError) as e:
-        return Response(400, {"message": f"POST /_admin/clock/threads {{\"delta\": n}}: {e}"},
-                        error_code="ValidationException")
-    return Response(200, {"virtual_clock": state.meter.clock.snapshot()})
-
-
 def _requests(state: ServiceState, raw: bytes) -> Response:
     return Response(200, {"requests": state.requests.snapshot()})
 
@@ -285,7 +270,6 @@ ADMIN_ROUTES: dict[tuple[str, str], Callable[[ServiceState, bytes], Response]] =
     ("GET", "/_admin/sickness"): _sickness,
     ("POST", "/_admin/sickness"): _setter(Sickness.from_mapping, set_sickness, _sickness),
     ("GET", "/_admin/requests"): _requests,
-    ("POST", "/_admin/clock/threads"): _client_threads,
 }
 
 
