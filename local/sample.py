@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 from local.stack import REGION, ROOT, SERVICE_GRACE_SECONDS
 from steps.cli import Refused, run_step
 from steps.config import RunConfig, config_from_dict
+from steps.platform.versions import require_training_session_sdk
 
 SERVICE_STATE = "service-state"
 #: The SDK's warning that the endpoint is http://: the local service on 127.0.0.1 is.
@@ -92,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with local_service(run_dir):
             return sample.try_adapter(cfg, request)
 
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(body, hint=lambda: "nothing is left running: the local service and its session were stopped")
 
 

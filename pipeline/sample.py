@@ -28,6 +28,7 @@ from steps.dapo.chat import completion_text, opens_reasoning, render_messages
 from steps.platform import billing
 from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
+from steps.platform.versions import require_training_session_sdk
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, session=cfg.session.model_copy(update={"region": region}))
         return try_adapter(cfg, request_from(args, args.model))
 
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(body, hint=lambda: "nothing is left running: the session, if one was created, was stopped")
 
 

@@ -38,6 +38,7 @@ from steps.cli import Refused, run_step
 from steps.config.models import Prices
 from steps.platform import billing, files
 from steps.platform.artifacts import read_model_json
+from steps.platform.versions import require_training_session_sdk
 
 APPROVED, REJECTED = "Approved", "Rejected"
 VERDICT_FILE = "verdict.json"
@@ -339,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(lambda: run(parse_args(argv)))
 
 

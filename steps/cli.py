@@ -20,8 +20,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from steps.platform.versions import require_training_session_sdk
-
 EXIT_DONE, EXIT_FAILED, EXIT_REFUSED, EXIT_TERMINATED = 0, 1, 2, 143
 #: The signals that stop a step: SageMaker's SIGTERM, and a terminal's Ctrl-C. Both unwind the same way, and
 #: whichever comes second finds the first unwinding: a Ctrl-C reaches a local run's step as SIGINT and, a moment
@@ -117,9 +115,8 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
     on_sigterm = _SigtermHandler()
     previous = {sig: signal.signal(sig, on_sigterm) for sig in STOP_SIGNALS}
     try:
-        require_training_session_sdk()
         return body()
-    except SystemExit as exc:  # argparse's usage errors and --help, the SDK guard: already explained
+    except SystemExit as exc:  # argparse's usage errors and --help: already explained
         return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

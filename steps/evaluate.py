@@ -38,6 +38,7 @@ from steps.platform.artifacts import read_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
+from steps.platform.versions import require_training_session_sdk
 from steps.tasks import build_task, load_examples
 
 MODELS = ("base", "trained")
@@ -354,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(lambda: run(parse_args(argv)))
 
 

@@ -32,6 +32,7 @@ from steps.platform.artifacts import write_model_json
 from steps.platform.ownership import this_jobs_session_name
 from steps.platform.session import lora_kwargs, service_client, stop_session
 from steps.platform.tokenizer import load_tokenizer
+from steps.platform.versions import require_training_session_sdk
 from steps.tasks import RowTask, build_task, load_examples
 
 log = logging.getLogger("steps.train")
@@ -224,6 +225,7 @@ def session_hint(session: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     session: dict[str, Any] = {}
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(lambda: train(args, session), describe=describe_failure,
                     hint=lambda: f"{session_hint(session)} and {resume_hint(args.checkpoint_dir)}")
 

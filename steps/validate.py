@@ -58,6 +58,7 @@ from steps.gsm8k.rules import (
 )
 from steps.platform import files
 from steps.platform.tokenizer import describe_base_model, load_tokenizer
+from steps.platform.versions import require_training_session_sdk
 from steps.tasks import RowTask, build_task, default_task
 
 OUTPUTS = ("validation.json", "train.jsonl", "eval.jsonl")
@@ -325,6 +326,7 @@ def task_config(args: argparse.Namespace) -> TaskConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(lambda: run(parse_args(argv)))
 
 

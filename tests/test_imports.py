@@ -1,8 +1,13 @@
-"""No arrow runs up (issue 18): the import graph of pipeline/, steps/, local/ and bench/, read with ``ast``.
+"""No arrow runs up (issues 18 and 37): the import graph of pipeline/, steps/, local/ and bench/, read with ``ast``.
 
 Refused, each naming file and line:
-(a) an import from pipeline/ or steps/ (the product) into local/ or bench/ (the stand-in and the measurements);
-(b) an import cycle between modules, named module by module;
+(a) an arrow up the house, whose folders lie in layers, lowest first: steps/ (what a step's container runs),
+    pipeline/ (the definition and the AWS commands), local/ (the stand-in), bench/ (the measurements); a folder
+    imports only those below it, so the product (pipeline/, steps/) imports nothing from local/ or bench/;
+(b) an import cycle between the children of any folder: its modules and its sub-packages, a sub-package
+    counting as one node (every arrow into or out of it, from any module inside it), and the folder's own
+    ``__init__`` one more. A folder without a cycle among its children has layers (the order its arrows
+    define), and no arrow runs up them; a cycle between modules shows as one in the folder that holds them;
 (c) an import from steps/dapo/ (the RL loop) into steps/gsm8k/ (one task).
 
 Every ``import``/``from ... import`` statement counts: module level, inside functions, under
@@ -14,6 +19,7 @@ An arrow points at the module named, not at the packages around it, whose ``__in
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("pipeline", "steps", "local", "bench")
-PRODUCT, OUTSIDE = ("pipeline", "steps"), ("local", "bench")
+HOUSE = ("steps", "pipeline", "local", "bench")  # the house's layers, lowest first
 
 
 @dataclass(frozen=True)
@@ -138,17 +144,47 @@ def _cycle_in(group: list[str], graph: dict[str, dict[str, Arrow]]) -> list[Arro
     raise AssertionError(f"no cycle through {start} in {group}")  # a strongly connected group always has one
 
 
+def folder_arrows(found: list[Arrow], folder: str) -> list[Arrow]:
+    """The arrows between ``folder``'s children, each end the child it lies in (file and line kept)."""
+    out = []
+    for arrow in found:
+        source, target = _child(folder, arrow.source), _child(folder, arrow.target)
+        if source and target and source != target:
+            out.append(dataclasses.replace(arrow, source=source, target=target))
+    return out
+
+
+def _child(folder: str, module: str) -> str:
+    """The node of ``folder``'s graph that ``module`` is: the folder's own ``__init__`` (named as the folder),
+    the module or sub-package directly in it; "" outside it."""
+    if module == folder:
+        return folder
+    if not module.startswith(folder + "."):
+        return ""
+    return f"{folder}.{module[len(folder) + 1:].split('.')[0]}"
+
+
 def problems(root: Path, folders: tuple[str, ...] = FOLDERS) -> list[str]:
     """Every violation of (a), (b), (c), one line each, naming file and line."""
     found = arrows(root, folders)
-    out = [f"{a} (pipeline/ and steps/ import nothing from local/ or bench/)"
-           for a in found if a.source.split(".")[0] in PRODUCT and a.target.split(".")[0] in OUTSIDE]
+    layer = {name: i for i, name in enumerate(HOUSE)}
+    out = [f"{a} (an arrow up the house: {' < '.join(f'{f}/' for f in HOUSE)}, each importing only those below it)"
+           for a in found if layer[a.target.split(".")[0]] > layer[a.source.split(".")[0]]]
     out += [f"{a} (steps/dapo/ imports nothing from steps/gsm8k/: the loop takes a task)"
             for a in found if _under(a.source, "steps.dapo") and _under(a.target, "steps.gsm8k")]
+    packages = sorted(name for name, path in modules(root, folders).items() if path.name == "__init__.py")
+    for folder in packages:
+        inside = folder_arrows(found, folder)
+        out += [f"import cycle in {folder.replace('.', '/')}/: {line}" for line in _cycle_lines(inside)]
+    return out
+
+
+def _cycle_lines(found: list[Arrow]) -> list[str]:
+    out = []
     for group, cycle in cycles(found):
         names = " -> ".join([cycle[0].source] + [a.target for a in cycle])
-        line = f"import cycle {names}: " + "; ".join(f"{a.file}:{a.line}" for a in cycle)
-        if len(group) > len(cycle):  # more circles through the same modules: every arrow that closes one
+        line = f"{names}: " + "; ".join(f"{a.file}:{a.line}" for a in cycle)
+        if len(group) > len(cycle):  # more circles through the same nodes: every arrow that closes one
             inside = [a for a in found if a.source in group and a.target in group and a not in cycle]
             line += f"; also among {', '.join(group)}: " + "; ".join(
                 f"{a.file}:{a.line} {a.source} imports {a.target}" for a in inside)
@@ -205,6 +241,9 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
         ("pipeline.start", "steps.dapo.loop")}
 
 
+UP = "(an arrow up the house: steps/ < pipeline/ < local/ < bench/, each importing only those below it)"
+
+
 def test_each_violation_is_named_with_file_and_line(tmp_path: Path) -> None:
     root = write(tmp_path, {
         **CLEAN,
@@ -221,21 +260,22 @@ def test_each_violation_is_named_with_file_and_line(tmp_path: Path) -> None:
         "steps/dapo/sampling.py": "from ..gsm8k import grade\n",
     })
     assert problems(root) == [
-        "pipeline/budget.py:1: pipeline.budget imports local.stand_in (costs) (pipeline/ and steps/ import nothing "
-        "from local/ or bench/)",
-        "steps/evaluate.py:3: steps.evaluate imports local.stand_in (pipeline/ and steps/ import nothing from "
-        "local/ or bench/)",
-        "steps/train.py:2: steps.train imports bench.loops (pipeline/ and steps/ import nothing from local/ or bench/)",
+        f"pipeline/budget.py:1: pipeline.budget imports local.stand_in (costs) {UP}",
+        f"steps/evaluate.py:3: steps.evaluate imports local.stand_in {UP}",
+        f"steps/train.py:2: steps.train imports bench.loops {UP}",
         "steps/dapo/sampling.py:1: steps.dapo.sampling imports steps.gsm8k (grade) (steps/dapo/ imports nothing "
         "from steps/gsm8k/: the loop takes a task)",
-        "import cycle local.faults -> local.models -> local.responses -> local.faults: "
+        "import cycle in local/: local.faults -> local.models -> local.responses -> local.faults: "
         "local/faults.py:1; local/models.py:1; local/responses.py:2",
+        # steps/gsm8k/__init__ imports steps/dapo/task: with the sampling arrow, the two sub-packages are a circle
+        "import cycle in steps/: steps.dapo -> steps.gsm8k -> steps.dapo: steps/dapo/sampling.py:1; "
+        "steps/gsm8k/__init__.py:1",
     ]
 
 
 def test_a_module_importing_its_own_package_is_no_cycle_but_two_modules_are(tmp_path: Path) -> None:
     root = write(tmp_path, {"steps/__init__.py": "from steps import a\n", "steps/a.py": "import steps\n"})
-    assert problems(root) == ["import cycle steps -> steps.a -> steps: steps/__init__.py:1; steps/a.py:1"]
+    assert problems(root) == ["import cycle in steps/: steps -> steps.a -> steps: steps/__init__.py:1; steps/a.py:1"]
     (root / "steps/a.py").write_text("x = 1\n")
     assert problems(root) == []
 
@@ -254,7 +294,23 @@ def test_a_group_with_more_than_one_circle_names_every_arrow_in_it(tmp_path: Pat
         "local/responses.py": "from local.models import Session\n",
     })
     assert problems(root) == [
-        "import cycle local.faults -> local.models -> local.faults: local/faults.py:2; local/models.py:3; "
+        "import cycle in local/: local.faults -> local.models -> local.faults: local/faults.py:2; local/models.py:3; "
         "also among local.faults, local.models, local.responses: "
         "local/faults.py:1 local.faults imports local.responses; local/responses.py:1 local.responses imports "
         "local.models"]
+
+
+def test_two_sub_packages_in_a_circle_are_refused_though_no_two_modules_are(tmp_path: Path) -> None:
+    # steps/a/x -> steps/b/y and steps/b/z -> steps/a/w: no module cycle, but steps/a and steps/b each lean on the
+    # other, so neither is below; and the house's order holds too: steps/ below pipeline/, local/ below bench/.
+    root = write(tmp_path, {
+        "steps/__init__.py": "", "steps/a/__init__.py": "", "steps/b/__init__.py": "",
+        "steps/a/x.py": "from steps.b import y\n", "steps/a/w.py": "",
+        "steps/b/y.py": "", "steps/b/z.py": "from ..a import w\n",
+        "steps/c/__init__.py": "import pipeline.start\n", "pipeline/__init__.py": "", "pipeline/start.py": "",
+        "local/__init__.py": "from bench import loops\n", "bench/__init__.py": "", "bench/loops.py": "",
+    })
+    assert problems(root) == [
+        f"steps/c/__init__.py:1: steps.c imports pipeline.start {UP}",
+        f"local/__init__.py:1: local imports bench.loops {UP}",
+        "import cycle in steps/: steps.a -> steps.b -> steps.a: steps/a/x.py:1; steps/b/z.py:1"]

@@ -26,7 +26,7 @@ from moto import mock_aws
 
 from local import run
 from local import sample as local_sample
-from local.training_session.models import PackageRegistry
+from local.training_session.registry import PackageRegistry
 from pipeline import reevaluate, sample
 from pipeline.aws import UserError
 from steps import approve, validate

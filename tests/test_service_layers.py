@@ -8,8 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE = ROOT / "local" / "training_session"
 #: Each module's layer: a module may import only modules of a lower layer (toy/ is below them all).
-LAYERS = {"exceptions": 0, "settings": 0, "costs": 1, "models": 1, "responses": 2, "metering": 2, "faults": 3,
-          "sickness": 3, "server": 4, "__main__": 5, "__init__": 0}
+LAYERS = {"exceptions": 0, "settings": 0, "costs": 1, "registry": 1, "work": 2, "sessions": 3, "models": 4,
+          "responses": 5, "metering": 5, "sickness": 5, "faults": 6, "server": 7, "__main__": 8, "__init__": 0}
 
 
 def imported(path: Path) -> set[str]:

@@ -19,10 +19,12 @@ Where a request goes, in order (each module imports only those below it):
 - ``responses``: the wire: parse, validate (botocore's service model first, then the
   few rules the model cannot state), one backend call, and the response and error
   shapes botocore parses;
-- ``models``: the backend's state and the operations' effects: the model package
-  registry, sessions and their operations (sequencing, idempotency, lifecycle, what
-  they bill), the work each operation does to the toy model, and the hooks through
-  which faults and costs plug in;
+- ``models``: the backend (moto's ``models.py``): the sessions, the registry and the
+  hooks, in four modules by what they model:
+- ``sessions``: sessions and their operations (sequencing, idempotency, lifecycle, what
+  they bill), and the hooks through which faults, costs and sickness plug in;
+- ``work``: the work each operation does to the toy model, what it returns and bills;
+- ``registry``: the model package registry (groups, versions, weights on disk, approval);
 - ``exceptions``: the errors answered on the wire;
 - ``costs``: the cost model's event simulation (processor-shared decoding, a training
   queue, fixed save costs) and its clocks, at the product's own throughput figures

@@ -8,7 +8,7 @@ run with a given seed and a single client sees the same faults every time
 
 Faults wrap the service from outside it, they do not live in its state: the
 server asks :meth:`FaultInjector.throttled` before it dispatches a runtime submit,
-and the injector is one of the backend's hooks (``models.Hooks``): its
+and the injector is one of the backend's hooks (``sessions.Hooks``): its
 :meth:`~FaultInjector.wrap` wraps every operation's runner (it may fail, and a
 session dies once it has run enough). The latency setting is the service's
 timing, read by the operation scheduler in ``models``. Every fault injected is
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from local.training_session.exceptions import ServiceError
-from local.training_session.models import Hooks, Operation, Outcome, Runner, Session
 from local.training_session.responses import Request, Response, error_response
+from local.training_session.sessions import Hooks, Operation, Runner, Session
 from local.training_session.settings import Settings, require
+from local.training_session.work import Outcome
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The cost model watching the backend from outside it: each session's simulated GPUs, fed by the backend's hooks.
 
-:class:`CostMeter` is one of the backend's :class:`~local.training_session.models.Hooks`.
+:class:`CostMeter` is one of the backend's :class:`~local.training_session.sessions.Hooks`.
 A session created while the cost model is on gets simulated GPUs of its own
 (:class:`~local.training_session.costs.Gpus`, keeping the settings of its creation).
 Every operation submitted to it becomes a job on them: a training operation's
@@ -16,7 +16,8 @@ import weakref
 from typing import Any, ContextManager, Sequence
 
 from local.training_session.costs import Costs, Gpus, Job, VirtualClock, WallClock
-from local.training_session.models import Hooks, Operation, Outcome, Sampled, Session, Work
+from local.training_session.sessions import Hooks, Operation, Session
+from local.training_session.work import Outcome, Sampled, Work
 
 #: What the cost model does not price: loading a package's weights into the sampler.
 UNPRICED = frozenset({"loadWeightsForSampling"})

@@ -2,8 +2,8 @@
 parsed, validated, handed to the backend (``models``) in one call, and answered here.
 
 A handler parses its request into what the backend takes (a runtime operation
-becomes a ``models.Work``), makes one backend call, and shapes what comes back:
-a runtime result from the operation's ``models.Outcome`` (with the ``tokenUsage``
+becomes a ``work.Work``), makes one backend call, and shapes what comes back:
+a runtime result from the operation's ``work.Outcome`` (with the ``tokenUsage``
 botocore's runtime model declares), a control-plane description from the
 backend object's ``describe()``/``detail()``. Refused requests are logged, one line each.
 
@@ -41,7 +41,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from local.training_session.exceptions import NotFound, ServiceError, invalid
-from local.training_session.models import (
+from local.training_session.models import TrainingSessionBackend
+from local.training_session.sessions import OperationState
+from local.training_session.toy.adam import AdamConfig
+from local.training_session.toy.losses import ACCEPTED_INPUTS, CLIP_RANGES, LOSS_FNS
+from local.training_session.toy.policy import DatumArrays
+from local.training_session.toy.tokenizer import BASE_MODEL_NAME, HF_FILES, ToyTokenizer
+from local.training_session.work import (
     Done,
     LoadSamplerWork,
     LoadWork,
@@ -50,20 +56,14 @@ from local.training_session.models import (
     LossOutcome,
     LossWork,
     Metrics,
-    OperationState,
     OptimWork,
     Outcome,
     Sampled,
     SampleWork,
     Saved,
     SaveWork,
-    TrainingSessionBackend,
     Work,
 )
-from local.training_session.toy.adam import AdamConfig
-from local.training_session.toy.losses import ACCEPTED_INPUTS, CLIP_RANGES, LOSS_FNS
-from local.training_session.toy.policy import DatumArrays
-from local.training_session.toy.tokenizer import BASE_MODEL_NAME, HF_FILES, ToyTokenizer
 from pipeline.shapes import input_shape, violations
 
 logger = logging.getLogger(__name__)

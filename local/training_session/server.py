@@ -35,14 +35,10 @@ from local.training_session.costs import Costs
 from local.training_session.exceptions import ServiceError
 from local.training_session.faults import FaultInjector, Faults
 from local.training_session.metering import CostMeter
-from local.training_session.models import (
-    GAP_TIMEOUT_S,
-    POLL_HOLD_S,
-    PackageRegistry,
-    Session,
-    TrainingSessionBackend,
-)
+from local.training_session.models import TrainingSessionBackend
+from local.training_session.registry import PackageRegistry
 from local.training_session.responses import CONTROL_PLANE, RUNTIME, Request, Response
+from local.training_session.sessions import GAP_TIMEOUT_S, POLL_HOLD_S, Session
 from local.training_session.sickness import Sickness, SicknessHook
 from pipeline.shapes import service_model
 

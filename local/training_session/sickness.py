@@ -17,7 +17,7 @@ report, so a test can show that its guard stops the run:
 Rewritten tokens carry the toy's own logprobs of them (its ``computeLogprobs``), so the trainer agrees with the
 sampler on them. Which completions are rewritten is drawn from the request's seed, so a seeded run is sick the
 same way every time. The knobs wrap the backend from outside, as the faults do: the hook replaces a
-``sample`` operation's work (``models.Hooks.sampling_work``) with :class:`SickSampleWork`.
+``sample`` operation's work (``sessions.Hooks.sampling_work``) with :class:`SickSampleWork`.
 
 Settable three ways, all validated the same (``settings``): flags of ``python -m local.training_session``,
 environment variables (:data:`ENV_VARS`), and ``POST /_admin/sickness``.
@@ -30,10 +30,11 @@ from typing import ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from local.training_session.models import Hooks, Outcome, Sampled, SampleWork, Session, Work
+from local.training_session.sessions import Hooks, Session
 from local.training_session.settings import Settings, require
 from local.training_session.toy import model as M
 from local.training_session.toy.policy import SampledSeq
+from local.training_session.work import Outcome, Sampled, SampleWork, Work
 
 logger = logging.getLogger(__name__)
 

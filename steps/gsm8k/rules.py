@@ -201,19 +201,16 @@ def read_example(task: Any, scan: SplitScan, line: RawLine) -> Any:
 
 
 def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None = None,
-               budget: PromptBudget | None = None, task: Any = None, overlap_reason: str = "also in eval") -> SplitScan:
+               budget: PromptBudget | None = None, *, task: Any, overlap_reason: str = "also in eval") -> SplitScan:
     """Stream one split, write its clean rows to ``out``, and count the rest.
 
     ``eval_digests`` (train only) are the eval questions: a train row asking one
     of them is an overlap, left out of ``out`` and counted separately. With a
     ``budget``, a question the model cannot take with ``max_tokens`` to answer is rejected.
-    ``task`` (steps/tasks; default GSM8K) reads the rows and grades each one's gold answer.
+    ``task`` (a steps/tasks RowTask, which the caller builds: steps/tasks lies above this module) reads the rows
+    and grades each one's gold answer.
     ``overlap_reason`` names an overlap in ``first_overlap`` (a re-evaluation's held-out split: "trained on").
     """
-    if task is None:
-        from steps.tasks import default_task
-
-        task = default_task()
     try:
         inputs = [{"file": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in jsonl_files(path)]
     except OSError as exc:

@@ -16,6 +16,7 @@ from steps.cli import Refused, run_step
 from steps.config import config_from_dict, load_yaml
 from steps.gsm8k.data import RawLine, RowError, iter_lines, jsonl_files
 from steps.gsm8k.rules import GRADER_DISAGREES, MIN_AGREEMENT, SHOWN, SplitScan, agreement_problem, read_example
+from steps.platform.versions import require_training_session_sdk
 from steps.tasks.task import RowTask, build_task
 
 SHOWN_PROMPTS = 3
@@ -96,4 +97,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = build_task(config_from_dict({"task": section}, source=args.config).task)
         return check(args.data, task)
 
+    require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
     return run_step(run)
