@@ -43,7 +43,7 @@ from sagemaker.core.training.configs import (
 from sagemaker.core.workflow.conditions import ConditionEquals, ConditionGreaterThanOrEqualTo
 from sagemaker.core.workflow.execution_variables import ExecutionVariables
 from sagemaker.core.workflow.functions import Join, JsonGet
-from sagemaker.core.workflow.parameters import ParameterFloat, ParameterInteger, ParameterString
+from sagemaker.core.workflow.parameters import ParameterBoolean, ParameterFloat, ParameterInteger, ParameterString
 from sagemaker.core.workflow.pipeline_context import PipelineSession
 from sagemaker.core.workflow.properties import PropertyFile
 from sagemaker.mlops.workflow.condition_step import ConditionStep
@@ -192,7 +192,8 @@ def _texts(name: str) -> dict[str, str]:
     return {"name": name, "display_name": display_name, "description": description}
 
 
-_PARAMETER_TYPES = {"String": ParameterString, "Integer": ParameterInteger, "Float": ParameterFloat}
+_PARAMETER_TYPES = {"String": ParameterString, "Integer": ParameterInteger, "Float": ParameterFloat,
+                    "Boolean": ParameterBoolean}
 
 
 def make_parameters(run: RunConfig) -> dict[str, Any]:

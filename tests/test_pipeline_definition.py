@@ -421,7 +421,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "MaxSteps": ("Integer", 30),
         "LearningRate": ("Float", 0.006),
         "MaxNumGenBatches": ("Integer", d.max_num_gen_batches),
-        "SelectiveRollouts": ("Integer", int(d.selective_rollouts)),  # a switch: 0 or 1
+        "SelectiveRollouts": ("Boolean", d.selective_rollouts),  # a switch: true or false
         "ClipLowThreshold": ("Float", d.clip_low_threshold),
         "ClipHighThreshold": ("Float", d.clip_high_threshold),
         "EvalSize": ("Integer", 100),
