@@ -481,6 +481,7 @@ def _registry_step(
                    "--execution-arn", ExecutionVariables.PIPELINE_EXECUTION_ARN,
                    "--accuracy-threshold", params["AccuracyThreshold"].to_string(),
                    "--min-improvement", params["MinImprovement"].to_string(),
+                   "--update-approval", params["UpdateApproval"].to_string(),
                    *(["--reject", "--output", VERDICT_DIR] if verdict else [])],
     )
     return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on,

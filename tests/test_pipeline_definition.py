@@ -334,7 +334,8 @@ def test_condition_and_branches(definition):
                             {"Get": "Execution.PipelineExecutionArn"}]
         assert args[6] == "--accuracy-threshold" and gets(args[7]) == {"Parameters.AccuracyThreshold"}
         assert args[8] == "--min-improvement" and gets(args[9]) == {"Parameters.MinImprovement"}
-        assert args[10:] == extra
+        assert args[10] == "--update-approval" and gets(args[11]) == {"Parameters.UpdateApproval"}
+        assert args[12:] == extra
         ins = inputs(step(definition, name))
         assert ins["model"]["S3Uri"] == {"Get": MODEL}
         assert ins["evaluation"]["S3Uri"] == {"Get": EVALUATION}
@@ -427,6 +428,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "EvalSize": ("Integer", 100),
         "AccuracyThreshold": ("Float", cfg.accuracy_threshold),
         "MinImprovement": ("Float", 0.0),
+        "UpdateApproval": ("Boolean", True),
         "ProcessingInstanceType": ("String", "ml.m5.large"),
         "TrainingInstanceType": ("String", "ml.m5.xlarge"),
         "ImageUri": ("String", "dapo-steps:local"),

@@ -55,6 +55,9 @@ PARAMETERS = (
               "approve only at or above this greedy accuracy"),
     Parameter("MinImprovement", "pipeline.min_improvement", "Float",
               "approve only when the 95% lower bound of trained minus base accuracy is at least this"),
+    Parameter("UpdateApproval", "pipeline.update_approval", "Boolean",
+              "true: the gate's verdict sets the model package's approval status; false: recorded on the package, "
+              "the status left as it is (a re-evaluation's default)"),
     Parameter("ProcessingInstanceType", "pipeline.processing_instance_type", "String",
               "instance of the processing steps"),
     Parameter("TrainingInstanceType", "pipeline.training_instance_type", "String",
