@@ -27,6 +27,9 @@ EXECUTION ?=
 REEVALUATE ?=
 # make local-run REEVALUATE=<run id> EVAL_DATA=<.jsonl file or folder>: new held-out data for the re-evaluation.
 EVAL_DATA ?=
+# make reevaluate / make local-run REEVALUATE=<id> UPDATE_APPROVAL=1: the new verdict sets the package's approval
+# status (without it, the verdict is recorded on the package and its status left as it is).
+UPDATE_APPROVAL ?=
 # `make pipeline-definition` works before config/config.yaml exists.
 DEFINITION_CONFIG = $(if $(wildcard $(CONFIG)),$(CONFIG),config/config.yaml.example)
 IMAGE_NAME ?= dapo-steps
@@ -57,7 +60,7 @@ test: install ## lint, then the whole offline test suite
 # REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed,
 # EVAL_DATA=<file or dir> new held-out questions (those the adapter trained on are removed).
 local-run: install ## the pipeline here, offline; PARAMS="MaxSteps=5", DATA=dir TASK=name, VERBOSE=1, RESUME=<id>
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)$(if $(EVAL_DATA), --eval-data $(EVAL_DATA))
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)$(if $(EVAL_DATA), --eval-data $(EVAL_DATA))$(if $(UPDATE_APPROVAL), --update-approval)
 
 # Without DATA, a few generated toy rows (GSM8K's format) stand in.
 check-task: install ## three prompts of DATA=dir and the grader's verdict on their gold answers (TASK=name), offline
@@ -88,10 +91,10 @@ sample: install ## try an adapter: MODEL=<model package ARN or local run id> PRO
 	$(BIN)/python -m $(if $(filter arn:%,$(MODEL)),pipeline.sample --config $(CONFIG) --model $(MODEL),local.sample \
 		$(MODEL)) --n $(N) --prompt '$(subst ','\'',$(PROMPT))'
 
-reevaluate: install ## EvaluateModel and the gate again, no training: EXECUTION=<arn> PARAMS="MinImprovement=0.1"
+reevaluate: install ## EvaluateModel and the gate again, no training: EXECUTION=<arn> PARAMS=... [UPDATE_APPROVAL=1]
 	$(if $(EXECUTION),,$(error EXECUTION=<pipeline execution ARN> is required (locally: make local-run REEVALUATE=<run id>)))
 	$(BIN)/python -m pipeline.reevaluate --config $(CONFIG) --execution $(EXECUTION) \
-		$(foreach p,$(PARAMS),--param $(p)) $(if $(WAIT),--wait)
+		$(foreach p,$(PARAMS),--param $(p)) $(if $(UPDATE_APPROVAL),--update-approval) $(if $(WAIT),--wait)
 
 sessions: install ## the pipeline's training sessions: status, age, owner job, attempt
 	$(BIN)/python -m pipeline.sessions --config $(CONFIG)

@@ -10,7 +10,8 @@ overrides (only those the selected steps read; the same check as on AWS), agains
 the run's ``service-state/`` (the adapter's model package). Everything new goes to
 ``runs/<id>/reevaluations/<n>/``: evaluation.json, evaluation_base.json, predictions.jsonl, rollouts.jsonl, the
 steps' logs, reevaluation.json (what ran, with what, and the verdict before and after) and summary.txt. The model
-package records the new verdict, the earlier one kept (steps/approve.py).
+package records the new verdict, the earlier one kept (steps/approve.py); its approval status stays as it was unless
+``--update-approval`` (``make local-run REEVALUATE=<id> UPDATE_APPROVAL=1``) lets the verdict set it.
 
 ``--eval-data PATH`` (a .jsonl file or a folder of them) is new held-out data: copied to
 ``reevaluations/<n>/data/`` and uploaded as the execution's ``EvalDataS3Uri``, as on AWS. EvaluateModel checks it
@@ -32,7 +33,8 @@ from typing import Any, Callable, ContextManager
 
 from local import console
 from local.sample import SERVICE_STATE, finished_run
-from pipeline.reevaluate import KEPT, check_overrides, overrides_text, selected_steps
+from pipeline.aws import UserError
+from pipeline.reevaluate import KEPT, approval, check_overrides, overrides_text, selected_steps
 from steps.cli import Refused, parse_pairs
 from steps.gsm8k.data import DataError, jsonl_files
 from steps.platform import files
@@ -101,7 +103,14 @@ def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
     if HELD_OUT in params:
         raise Refused(f"--param {HELD_OUT}: a local re-evaluation takes new held-out data as a file or folder: "
                       f"--eval-data PATH (make local-run REEVALUATE={run_dir.name} EVAL_DATA=PATH)")
-    values = {**kept_run["params"], **params}
+    try:
+        update, _ = approval({p["Name"] for p in definition.get("Parameters", [])}, params,
+                             bool(getattr(args, "update_approval", False)))
+    except UserError:
+        raise Refused(f"--reevaluate {args.reevaluate}: that run's definition has no UpdateApproval parameter (built "
+                      "before it), so its ApproveModel and RecordRejection would set the model package's approval "
+                      "status to the new verdict; to accept that, add UPDATE_APPROVAL=1 (--update-approval)") from None
+    values = {**kept_run["params"], **params, **update}
     local.check_params(values, kept_run["config"])  # names, types, the config's ranges; the data is the run's
     eval_data = held_out_files(getattr(args, "eval_data", None))
     # New held-out data is EvalDataS3Uri's new value, as on AWS: EvaluateModel must read it in this definition.
@@ -153,7 +162,22 @@ def create_folder(rv: Reevaluation) -> tuple[Reevaluation, Path]:
 
 
 def verdict(package: dict[str, Any] | None) -> str:
+    """The gate's latest verdict on the package (its ``verdict`` key; a package of before it: its status)."""
+    if not package:
+        return "unknown"
+    return (package.get("CustomerMetadataProperties") or {}).get("verdict") or package["ModelApprovalStatus"]
+
+
+def status(package: dict[str, Any] | None) -> str:
     return package["ModelApprovalStatus"] if package else "unknown"
+
+
+def approval_text(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """What the re-evaluation did to the package's approval, in a clause."""
+    if status(before) != status(after):
+        return f"recorded on the model package, approval changed from {status(before)} to {status(after)}"
+    left = f"recorded on the model package, approval left at {status(after)}"
+    return left + (" (UPDATE_APPROVAL=1 sets it to the verdict)" if verdict(after) != status(after) else "")
 
 
 def reevaluate(args: argparse.Namespace, local: LocalRun) -> int:
@@ -211,7 +235,9 @@ def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun)
         "eval_data": {"given": [str(p) for p in rv.eval_data], "copied_to": "data/", "s3_uri": held_out,
                       "validation": "validation.json"} if rv.eval_data else None,
         "outcome": outcome, "failure": None if failure is None else {"step": failure.step, "message": failure.message},
-        "verdict_before": verdict(before), "verdict_after": verdict(after), "model_package": after,
+        "verdict_before": verdict(before), "verdict_after": verdict(after),
+        "approval": {"before": status(before), "after": status(after), "update": rv.values.get("UpdateApproval")},
+        "model_package": after,
         "steps": {name: asdict(rec) for name, rec in records.items()}}, indent=2)
     say(summary(rv, out, records, failure, interrupted, sessions, before, after, time.monotonic() - t0))
     if interrupted:
@@ -259,6 +285,7 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
     else:
         why = ((after or {}).get("CustomerMetadataProperties") or {}).get("rejection_reason")
         lines.append(f"  verdict: {verdict(after)} (was {verdict(before)})" + (f": {why}" if why else ""))
+        lines.append(f"  approval: {approval_text(before, after)}")
     if after:
         metadata = after.get("CustomerMetadataProperties") or {}
         earlier = " ".join(f"{k}=[{v}]" for k, v in sorted(metadata.items()) if k.startswith("verdict_"))

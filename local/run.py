@@ -113,6 +113,9 @@ def parser(config: str) -> argparse.ArgumentParser:
     p.add_argument("--eval-data", metavar="PATH",
                    help="with --reevaluate: new held-out data, a .jsonl file or a folder of them; the questions the "
                         "adapter trained on are removed from it (reevaluations/<n>/validation.json)")
+    p.add_argument("--update-approval", action="store_true",
+                   help="with --reevaluate: let the new verdict set the model package's approval status (default: "
+                        "recorded on the package, the status left as it is)")
     return p
 
 
@@ -448,6 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.eval_data is not None:
         raise Refused(f"--eval-data {args.eval_data} is new held-out data for a re-evaluation: add --reevaluate "
                       "RUN_ID (a new run takes its data with --data DIR)")
+    if args.update_approval:
+        raise Refused("--update-approval is for a re-evaluation (--reevaluate RUN_ID): a run's own verdict always "
+                      "sets its new package's approval status")
     plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
     run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
     with run_log(run_dir / "local-run.log"):

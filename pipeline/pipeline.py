@@ -43,7 +43,7 @@ from sagemaker.core.training.configs import (
 from sagemaker.core.workflow.conditions import ConditionEquals, ConditionGreaterThanOrEqualTo
 from sagemaker.core.workflow.execution_variables import ExecutionVariables
 from sagemaker.core.workflow.functions import Join, JsonGet
-from sagemaker.core.workflow.parameters import ParameterFloat, ParameterInteger, ParameterString
+from sagemaker.core.workflow.parameters import ParameterBoolean, ParameterFloat, ParameterInteger, ParameterString
 from sagemaker.core.workflow.pipeline_context import PipelineSession
 from sagemaker.core.workflow.properties import PropertyFile
 from sagemaker.mlops.workflow.condition_step import ConditionStep
@@ -192,7 +192,8 @@ def _texts(name: str) -> dict[str, str]:
     return {"name": name, "display_name": display_name, "description": description}
 
 
-_PARAMETER_TYPES = {"String": ParameterString, "Integer": ParameterInteger, "Float": ParameterFloat}
+_PARAMETER_TYPES = {"String": ParameterString, "Integer": ParameterInteger, "Float": ParameterFloat,
+                    "Boolean": ParameterBoolean}
 
 
 def make_parameters(run: RunConfig) -> dict[str, Any]:
@@ -480,6 +481,7 @@ def _registry_step(
                    "--execution-arn", ExecutionVariables.PIPELINE_EXECUTION_ARN,
                    "--accuracy-threshold", params["AccuracyThreshold"].to_string(),
                    "--min-improvement", params["MinImprovement"].to_string(),
+                   "--update-approval", params["UpdateApproval"].to_string(),
                    *(["--reject", "--output", VERDICT_DIR] if verdict else [])],
     )
     return ProcessingStep(**_texts(name), step_args=args, retry_policies=JOB_RETRY_POLICIES, depends_on=depends_on,

@@ -27,6 +27,11 @@ task's row rules, the grader agreement and the prompt-length check itself, remov
 trained on (ValidateData's train.jsonl of the source execution) from the held-out rows, and writes its own
 validation.json beside evaluation.json (steps/validate.py ``validate_held_out``).
 
+The package's approval status is not changed by a re-evaluation unless asked (``--update-approval``, ``make
+reevaluate UPDATE_APPROVAL=1``): the execution runs with ``UpdateApproval=false``, so ApproveModel and
+RecordRejection record the new verdict and its figures on the package and leave its status (a package's approval
+drives deployments). :func:`approval` says which, before the execution starts.
+
 The local twin is ``python -m local.run --reevaluate RUN_ID``: the same selection and the same check, on a
 finished local run (local/run.py).
 """
@@ -92,6 +97,29 @@ def check_overrides(params: Mapping[str, str], definition: Mapping[str, Any]) ->
                             "changes " + ", ".join(sorted(n for n, s in read.items() if selected & set(s))))
 
 
+UPDATE = "UpdateApproval"
+
+
+def approval(declared: Iterable[str], params: Mapping[str, str], update: bool) -> tuple[dict[str, str], str]:
+    """The UpdateApproval value a re-evaluation runs with (false unless ``update`` or given as a parameter) and the
+    line that says what it will do to the package's status. A definition without the parameter (deployed before
+    it) would set the status: refused unless ``update``."""
+    if UPDATE in params:
+        update = params[UPDATE].lower() == "true"
+    sets = "approval: the new verdict sets the model package's approval status (UPDATE_APPROVAL=1)"
+    if UPDATE not in declared:
+        if not update:
+            raise UserError(f"this pipeline's definition has no {UPDATE} parameter (built before it): its ApproveModel "
+                            "and RecordRejection would set the model package's approval status to the new verdict. "
+                            "Deploy it again (make deploy-pipeline) to re-evaluate without changing the approval, or "
+                            "let the verdict set it: UPDATE_APPROVAL=1 (--update-approval)")
+        return {}, sets
+    if update:
+        return {UPDATE: "true"}, sets
+    return {UPDATE: "false"}, ("approval: the new verdict is recorded on the model package; its approval status is "
+                               "left as it is (UPDATE_APPROVAL=1 sets it to the verdict)")
+
+
 def overrides_text(params: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items()) or "no parameter changed"
 
@@ -129,7 +157,8 @@ def source_parameters(sm: Any, arn: str) -> dict[str, str]:
     return {p["Name"]: p["Value"] for page in pages for p in page.get("PipelineParameters", [])}
 
 
-def reevaluate(session: Any, name: str, source_arn: str, params: dict[str, str], config_path: str) -> str:
+def reevaluate(session: Any, name: str, source_arn: str, params: dict[str, str], config_path: str,
+               update_approval: bool = False) -> str:
     """Check, start the selective execution and return its ARN."""
     from pipeline.start import check_params
 
@@ -139,14 +168,16 @@ def reevaluate(session: Any, name: str, source_arn: str, params: dict[str, str],
     declared = {p["Name"]: p["Type"] for p in definition.get("Parameters", [])}
     check_params(params, declared, config_path)  # names, types and the config's ranges
     check_overrides(params, definition)
-    # The source's values of the parameters the deployed pipeline still declares, and the overrides.
-    values = {**{n: v for n, v in source_parameters(sm, source_arn).items() if n in declared}, **params}
+    update, approval_line = approval(declared, params, update_approval)
+    # The source's values of the parameters the deployed pipeline still declares, the overrides, UpdateApproval.
+    values = {**{n: v for n, v in source_parameters(sm, source_arn).items() if n in declared}, **params, **update}
     steps = selected_steps(definition)
     print(f"re-evaluate: {source_arn} with {overrides_text(params)}; runs {', '.join(steps)}; keeps "
           f"{' and '.join(KEPT)} from it (nothing is trained)", flush=True)
     if "EvalDataS3Uri" in params:
         print(f"held-out data: {params['EvalDataS3Uri']}, checked by EvaluateModel against the questions the adapter "
               "trained on (removed from it; its validation.json says how many)", flush=True)
+    print(approval_line, flush=True)
     response = sm.start_pipeline_execution(
         PipelineName=name,
         PipelineExecutionDescription=f"re-evaluation of {source_arn.rsplit('/', 1)[-1]}: {overrides_text(params)}"[
@@ -166,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--execution", required=True, metavar="ARN", help="the pipeline execution to re-evaluate")
     p.add_argument("--param", action="append", default=[], metavar="Name=Value",
                    help="a new value of a parameter EvaluateModel or the gate reads (repeatable)")
+    p.add_argument("--update-approval", action="store_true",
+                   help="let the new verdict set the model package's approval status (default: recorded on the "
+                        "package, the status left as it is)")
     p.add_argument("--wait", action="store_true", help="poll and print each step's status until the execution ends")
     p.add_argument("--poll-seconds", type=float, default=30.0)
     args = p.parse_args(argv)
@@ -175,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = parse_pairs(args.param, "--param", example="MinImprovement=0.1")
     region = resolve_region(run.session.region, args.config)
     session = aws_session(region)
-    arn = reevaluate(session, cfg.name, args.execution, params, args.config)
+    arn = reevaluate(session, cfg.name, args.execution, params, args.config, args.update_approval)
     return follow(session, cfg.name, region, arn, args.wait, args.poll_seconds)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import boto3
 from botocore.exceptions import ClientError
 
-from pipeline import budget, preflight
+from pipeline import budget, expressions, preflight
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
 from pipeline.config import load
 from steps.cli import parse_pairs
@@ -42,11 +42,10 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
                                    subsequent_indent="    ")
             raise UserError("\n".join([f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)}",
                                         *listed]))
-        kind = declared[name]
-        try:
-            typed[name] = {"Integer": int, "Float": float}.get(kind, str)(value)
-        except ValueError:
-            raise UserError(f"parameter {name}={value!r}: must be {kind.lower()}") from None
+        try:  # as the service types it (a Boolean is true or false, not 1 or 0)
+            typed[name] = expressions.typed(name, declared[name], value)
+        except expressions.ExpressionError as exc:
+            raise UserError(f"{exc} (PARAMS=\"{name}=...\")") from None
     # Errors name the file, and the parameters only when there are some (not "config + parameters : ...").
     given = " ".join(f"{n}={v}" for n, v in params.items())
     source = f"{config_path} + parameters {given}" if given else config_path

@@ -15,6 +15,12 @@ branch, before AccuracyTooLow fails the execution: the package then carries the 
 ``verdict.json``, whose ``message`` (the failed conditions in words, then those that held, figures to 4
 decimals) is AccuracyTooLow's error message.
 
+``--update-approval false`` (the UpdateApproval parameter; a re-evaluation's default) records the verdict, its
+figures and ``verdict`` (Approved or Rejected) on the package and leaves its approval status as it is: a package's
+approval drives deployments, and a re-evaluation on other data or another bar never changes it by surprise. The
+step's ``approve:`` line says what it did: ``recorded (verdict V), approval left at S`` or ``... changed from S
+to V``.
+
 Whether a package may be approved is the pipeline's condition alone (pipeline/pipeline.py); this step only
 explains it. :func:`failed_conditions` reads the same four figures the condition reads, against the same
 bars, and tests/test_gate.py holds the two to agreement.
@@ -65,9 +71,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the bar the improvement's 95%% lower bound was held to, recorded")
     p.add_argument("--reject", action="store_true",
                    help="record the figures and set the package Rejected instead of Approved")
+    p.add_argument("--update-approval", type=_switch, default=True, metavar="true|false",
+                   help="true (default): set the package's approval status to the verdict; false: record the "
+                        "verdict and leave the status as it is (the UpdateApproval parameter)")
     p.add_argument("--output", help=f"directory for {VERDICT_FILE}: the gate's verdict in words ({{\"status\", "
                                     "\"message\"}}; AccuracyTooLow's message reads it)")
     return p.parse_args(argv)
+
+
+def _switch(text: str) -> bool:
+    """The UpdateApproval parameter as the pipeline renders a Boolean: true or false."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be true or false")
+    return text.lower() == "true"
 
 
 def read_evaluation(path: str | Path) -> dict[str, Any]:
@@ -218,6 +234,8 @@ def metadata(model: dict[str, Any], evaluation: dict[str, Any], execution_arn: s
         "mlflow_experiment": mlflow.get("experiment"),
         **billed(model, evaluation),
     }
+    # The gate's verdict itself: with UpdateApproval false the status may be another (an earlier verdict's).
+    facts["verdict"] = REJECTED if reject else APPROVED
     if reject:
         reasons = [short for short, _ in failed_conditions(evaluation, bars)]
         facts["rejection_reason"] = " / ".join(reasons) or "the pipeline's condition did not hold"
@@ -269,7 +287,7 @@ def earlier_verdict(current: dict[str, Any]) -> str:
     """A verdict recorded on the package, in one metadata value: its status, the execution that gave it, and the
     figures the gate read against its bars."""
     have = current.get("CustomerMetadataProperties") or {}
-    parts = [current.get("ModelApprovalStatus") or "unknown"]
+    parts = [have.get("verdict") or current.get("ModelApprovalStatus") or "unknown"]
     if have.get("pipeline_execution_arn"):
         parts.append(f"execution={have['pipeline_execution_arn'].rsplit('/', 1)[-1]}")
     parts += [f"{key}={have[key]}" for key in VERDICT_FIGURES if key in have]
@@ -291,19 +309,23 @@ def history(current: dict[str, Any], properties: dict[str, str]) -> tuple[dict[s
     return kept, [key for key in _VERDICT_ONLY if key in have and key not in properties]
 
 
-def record(client: Any, arn: str, status: str, properties: dict[str, str], text: str) -> str:
-    """Set ``status`` with the figures; returns what happened. moto resets the description and the
-    metadata when a request omits them, so both always go together. The registry keeps metadata keys
-    it set itself (the training session's name), so ours need only be among them.
+def record(client: Any, arn: str, status: str, properties: dict[str, str], text: str, update: bool = True) -> str:
+    """Record the verdict ``status`` with the figures and, with ``update``, set the package's approval status to it;
+    returns what happened, in a line. moto resets the description and the metadata when a request omits them, so
+    both always go together. The registry keeps metadata keys it set itself (the training session's name), so ours
+    need only be among them.
 
     A package that already carries a verdict of another evaluation (a re-evaluation: new ``EvalSize``,
-    ``MinImprovement`` or ``AccuracyThreshold``, same adapter) gets the new one in the same keys, the status it
-    says, and the earlier ones kept (:func:`history`): the package stays the one registry entry of its adapter,
-    and its status is the latest verdict's."""
+    ``MinImprovement``, ``AccuracyThreshold`` or held-out data, same adapter) gets the new one in the same keys and
+    the earlier ones kept (:func:`history`): the package stays the one registry entry of its adapter. Its status
+    is the latest verdict's only with ``update``: a package's approval drives deployments, so a re-evaluation
+    leaves it unless asked (UpdateApproval, ``make reevaluate UPDATE_APPROVAL=1``)."""
     current = client.describe_model_package(ModelPackageName=arn)
     have = current.get("CustomerMetadataProperties") or {}
-    if current.get("ModelApprovalStatus") == status and properties.items() <= have.items():
-        return f"already {status.lower()}"
+    was = current.get("ModelApprovalStatus") or "PendingManualApproval"
+    target = status if update else was
+    if was == target and properties.items() <= have.items():
+        return f"already recorded (verdict {status}), approval left at {was}"
     earlier, remove = history(current, properties)
     properties = {**properties, **earlier}
     if len((set(have) | set(properties)) - set(remove)) > _METADATA_KEYS_MAX:
@@ -315,13 +337,17 @@ def record(client: Any, arn: str, status: str, properties: dict[str, str], text:
     if replaced:
         number = int(earlier["verdicts"])
         text = (f"{text}; verdict {number} of this adapter, the earlier ones kept in its metadata as verdict_1 to "
-                f"verdict_{number - 1}")[:_DESCRIPTION_MAX]
-    client.update_model_package(ModelPackageArn=arn, ModelApprovalStatus=status, ApprovalDescription=text,
-                                CustomerMetadataProperties=properties,
+                f"verdict_{number - 1}")
+    if target != status:
+        text = f"{text}; approval status left at {target} (UpdateApproval false)"
+    client.update_model_package(ModelPackageArn=arn, ModelApprovalStatus=target,
+                                ApprovalDescription=text[:_DESCRIPTION_MAX], CustomerMetadataProperties=properties,
                                 **({"CustomerMetadataPropertiesToRemove": remove} if remove else {}))
-    if replaced:
-        return f"{status.lower()} (verdict {earlier['verdicts']}; the earlier one kept as verdict_{number - 1})"
-    return status.lower()
+    what = f"recorded (verdict {status}" + (f" {earlier['verdicts']}, the earlier one kept as verdict_{number - 1}"
+                                            if replaced else "") + ")"
+    if target == was:
+        return f"{what}, approval left at {was}" + ("" if was == status else " (UpdateApproval=true sets it)")
+    return f"{what}, approval changed from {was} to {target}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -332,7 +358,8 @@ def run(args: argparse.Namespace) -> int:
     properties = metadata(model, evaluation, args.execution_arn, bars, args.reject)
     status = REJECTED if args.reject else APPROVED
     text = description(model, evaluation, bars, args.reject)
-    outcome = record(registry_client(region), model["model_package_arn"], status, properties, text)
+    outcome = record(registry_client(region), model["model_package_arn"], status, properties, text,
+                     args.update_approval)
     print(f"approve: {model['model_package_arn']} {outcome}: {text}", flush=True)
     if args.output:
         files.write_json(Path(args.output) / VERDICT_FILE, {"status": status, "message": verdict(evaluation, bars)})

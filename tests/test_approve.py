@@ -66,7 +66,7 @@ def test_approve_writes_the_figures_onto_the_package(registry, tmp_path, capsys)
         "improvement_method": "exact McNemar: Fay-Lumbard 2021 melded interval - exact2x2 mcnemarExactDP",
         "accuracy_threshold": "0.5000", "min_improvement": "0.0000", "steps_completed": "30",
         "stopped_early": "false", "base_model": BASE, "pipeline_execution_arn": EXECUTION,
-        "mlflow_run_id": "5f0c2a", "mlflow_experiment": "clip sweep _2_",
+        "mlflow_run_id": "5f0c2a", "mlflow_experiment": "clip sweep _2_", "verdict": "Approved",
     }
     assert desc["ApprovalDescription"] == (
         "Approved by the DAPO pipeline; greedy accuracy 0.8300 (95% CI 0.7718 to 0.8757; lenient 0.8300) on 200 "
@@ -74,7 +74,7 @@ def test_approve_writes_the_figures_onto_the_package(registry, tmp_path, capsys)
         "+0.3149 to +0.4760 by exact McNemar, MinImprovement 0; pass@4 0.8300 (base 0.4300), maj@4 0.8300; "
         f"30 optimizer steps from {BASE}")
     assert approve.main(args) == 0  # idempotent: a retried step changes nothing
-    assert "already approved" in capsys.readouterr().out
+    assert "already recorded (verdict Approved), approval left at Approved" in capsys.readouterr().out
     assert sm.describe_model_package(ModelPackageName=arn)["CustomerMetadataProperties"]["accuracy"] == "0.8300"
 
 

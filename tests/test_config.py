@@ -104,6 +104,26 @@ def test_default_yaml_documents_every_key_with_the_models_default():
                 assert raw[section][name] == default, f"{section}.{name}"
 
 
+def test_each_parameter_has_its_config_keys_type_a_switch_a_boolean():
+    """The console types a parameter by its Type: an on/off key is a Boolean (true/false), never an Integer."""
+    from typing import Literal, get_args, get_origin
+
+    from steps.config.models import SECTIONS
+    from steps.config.parameters import PARAMETERS
+
+    def types(annotation: object) -> set:
+        if get_origin(annotation) is Literal:
+            return {type(value) for value in get_args(annotation)}
+        if get_args(annotation):  # X | None
+            return set().union(*(types(a) for a in get_args(annotation) if a is not type(None)))
+        return {annotation}
+
+    kinds = {bool: "Boolean", int: "Integer", float: "Float", str: "String"}
+    for p in PARAMETERS:
+        annotation = SECTIONS[p.section].model_fields[p.field].annotation
+        assert {kinds[t] for t in types(annotation)} == {p.kind}, f"{p.name}: {p.kind} for {p.key}: {annotation}"
+
+
 def test_the_documented_parameter_table_is_the_parameter_table():
     from pathlib import Path
 

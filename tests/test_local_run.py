@@ -75,6 +75,7 @@ def test_help_lists_every_parameter_with_meaning_and_default_and_every_option_ha
     ("batchsize=3", "unknown pipeline parameter 'batchsize'; did you mean BatchSize?"),
     ("MaxStep=3", "did you mean MaxSteps?"),
     ("BatchSize=x", "parameter BatchSize='x': must be integer"),
+    ("SelectiveRollouts=1", "parameter SelectiveRollouts='1': must be true or false"),
     ("BatchSize=0", "'dapo.batch_size' must be >= 1, got 0"),
     ("TrainDataS3Uri=s3://b/x/", "the local run uploads its own toy data"),
     ("MaxSteps", "expected NAME=VALUE"),

@@ -334,7 +334,8 @@ def test_condition_and_branches(definition):
                             {"Get": "Execution.PipelineExecutionArn"}]
         assert args[6] == "--accuracy-threshold" and gets(args[7]) == {"Parameters.AccuracyThreshold"}
         assert args[8] == "--min-improvement" and gets(args[9]) == {"Parameters.MinImprovement"}
-        assert args[10:] == extra
+        assert args[10] == "--update-approval" and gets(args[11]) == {"Parameters.UpdateApproval"}
+        assert args[12:] == extra
         ins = inputs(step(definition, name))
         assert ins["model"]["S3Uri"] == {"Get": MODEL}
         assert ins["evaluation"]["S3Uri"] == {"Get": EVALUATION}
@@ -421,12 +422,13 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "MaxSteps": ("Integer", 30),
         "LearningRate": ("Float", 0.006),
         "MaxNumGenBatches": ("Integer", d.max_num_gen_batches),
-        "SelectiveRollouts": ("Integer", int(d.selective_rollouts)),  # a switch: 0 or 1
+        "SelectiveRollouts": ("Boolean", d.selective_rollouts),  # a switch: true or false
         "ClipLowThreshold": ("Float", d.clip_low_threshold),
         "ClipHighThreshold": ("Float", d.clip_high_threshold),
         "EvalSize": ("Integer", 100),
         "AccuracyThreshold": ("Float", cfg.accuracy_threshold),
         "MinImprovement": ("Float", 0.0),
+        "UpdateApproval": ("Boolean", True),
         "ProcessingInstanceType": ("String", "ml.m5.large"),
         "TrainingInstanceType": ("String", "ml.m5.xlarge"),
         "ImageUri": ("String", "dapo-steps:local"),

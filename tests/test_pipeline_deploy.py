@@ -240,6 +240,7 @@ def pipeline_in_moto(account, config):
         {"Name": "BatchSize", "Type": "Integer", "DefaultValue": 16},
         {"Name": "MaxSteps", "Type": "Integer", "DefaultValue": 30},
         {"Name": "LearningRate", "Type": "Float", "DefaultValue": 0.05},
+        {"Name": "SelectiveRollouts", "Type": "Boolean", "DefaultValue": False},
         {"Name": "AccuracyThreshold", "Type": "Float", "DefaultValue": 0.2},
         {"Name": "ImageUri", "Type": "String", "DefaultValue": "dapo-steps:local"},
     ]
@@ -257,9 +258,10 @@ def recorded_parameters(sm, arn: str) -> dict[str, str]:
 
 def test_start_passes_parameter_overrides(pipeline_in_moto, config):
     session, sm, name = pipeline_in_moto
-    arn = start_cmd.start(session, name, REGION, {"BatchSize": "64", "MaxSteps": "30"}, str(config))
+    given = {"BatchSize": "64", "MaxSteps": "30", "SelectiveRollouts": "true"}  # a Boolean: true or false
+    arn = start_cmd.start(session, name, REGION, given, str(config))
     assert arn.startswith(f"arn:aws:sagemaker:{REGION}:123456789012:pipeline/{name}/execution/")
-    assert recorded_parameters(sm, arn) == {"BatchSize": "64", "MaxSteps": "30"}
+    assert recorded_parameters(sm, arn) == given
 
 
 @pytest.mark.parametrize(
@@ -268,6 +270,7 @@ def test_start_passes_parameter_overrides(pipeline_in_moto, config):
         ({"BatchSzie": "64"},
          "unknown pipeline parameter 'BatchSzie'; did you mean BatchSize?\n  the pipeline has: TrainDataS3Uri,"),
         ({"BatchSize": "lots"}, "BatchSize='lots': must be integer"),
+        ({"SelectiveRollouts": "1"}, "parameter SelectiveRollouts='1': must be true or false"),
         ({"BatchSize": "0"}, "'dapo.batch_size' must be >= 1"),
         ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),
         ({"AccuracyThreshold": "2"}, "AccuracyThreshold=2: 'pipeline.accuracy_threshold' must be in [0, 1]"),

@@ -77,7 +77,8 @@ def sample_prints_the_adapters_completions_and_stops_its_session(run_dir: Path, 
 
 
 def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path, capsys) -> None:
-    """Approved at MinImprovement 0; the same adapter, the same questions, MinImprovement 1: rejected."""
+    """Approved at MinImprovement 0; the same adapter, the same questions, MinImprovement 1: rejected, and the
+    rejection recorded on the package, whose approval stays Approved (no --update-approval)."""
     before = digests(run_dir)
     params = json.loads((run_dir / "run.json").read_text())["params"]
     capsys.readouterr()
@@ -89,7 +90,10 @@ def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path
     folder = run_dir / "reevaluations" / "1"
     record = json.loads((folder / "reevaluation.json").read_text())
     assert (record["verdict_before"], record["verdict_after"]) == ("Approved", "Rejected")
-    assert record["parameters"] == {"MinImprovement": "1"} and record["values"] == {**params, "MinImprovement": "1"}
+    assert record["approval"] == {"before": "Approved", "after": "Approved", "update": "false"}
+    assert record["model_package"]["ModelApprovalStatus"] == "Approved"
+    assert record["parameters"] == {"MinImprovement": "1"} and record["values"] == {**params, "MinImprovement": "1",
+                                                                                   "UpdateApproval": "false"}
     steps = record["steps"]
     assert [steps[s]["status"] for s in ("ValidateData", "TrainDAPO", "EvaluateModel", "RecordRejection")] == \
         ["Succeeded"] * 4
@@ -105,12 +109,15 @@ def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path
     assert (folder / "evaluation_base.json").exists() and (folder / "logs" / "EvaluateModel.log").exists()
     flat = squeeze(out)  # lines wrapped at 100 columns, read without whitespace
     assert squeeze("verdict: Rejected (was Approved): improvement lower bound") in flat
+    assert squeeze("approval: recorded on the model package, approval left at Approved (UPDATE_APPROVAL=1 sets it "
+                   "to the verdict)") in flat
     assert squeeze("training sessions created: 1, left running: 0") in flat  # EvaluateModel's; not TrainDAPO's
 
 
 def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run_dir: Path, capsys) -> None:
     """--eval-data: 8 questions the run never saw and 2 it trained on (one with other case and spacing); the
-    re-evaluation evaluates exactly the 8, says so in its validation.json, and training stays as it was."""
+    re-evaluation evaluates exactly the 8, says so in its validation.json, and training stays as it was. With
+    --update-approval (UPDATE_APPROVAL=1) its rejection sets the package's status."""
     before = digests(run_dir)
     (trained,) = [p for p in (run_dir / "work" / "ValidateData").rglob("train.jsonl") if "validated" in p.parts]
     seen = {json.loads(line)["question"] for line in (run_dir / "data" / "eval.jsonl").read_text().splitlines()}
@@ -123,7 +130,8 @@ def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run
                                                                              trained_rows[1], *new[5:]])
     capsys.readouterr()
     code = run.main(["--runs-dir", str(run_dir.parent), "--quiet", "--reevaluate", run_dir.name,
-                     "--eval-data", str(held_out.parent), "--param", "EvalSize=0", "--param", "MinImprovement=1"])
+                     "--eval-data", str(held_out.parent), "--param", "EvalSize=0", "--param", "MinImprovement=1",
+                     "--update-approval"])
     out = capsys.readouterr().out
     assert code == 1, out  # MinImprovement 1: rejected, whatever 8 questions show
     assert digests(run_dir) == before
@@ -141,11 +149,13 @@ def reevaluation_on_new_held_out_data_leaves_out_what_the_adapter_trained_on(run
     assert checked["grader_agreement"]["checked"] == 10 and checked["trained_on"]["rows"] == len(read_jsonl(trained))
     assert read_jsonl(folder / "data" / "test.jsonl") == read_jsonl(held_out)  # what was evaluated stays with it
     record = json.loads((folder / "reevaluation.json").read_text())
+    assert record["approval"] == {"before": "Approved", "after": "Rejected", "update": "true"}
     assert record["eval_data"]["given"] == [str(held_out)] and record["steps"]["TrainDAPO"]["message"].startswith(
         "kept from run")
     flat = squeeze(out)  # lines wrapped at 100 columns, read without whitespace
     assert squeeze("held-out data accepted: 8/10 rows kept; 2 questions the adapter trained on removed from "
                    "eval") in flat
+    assert squeeze("approval: recorded on the model package, approval changed from Approved to Rejected") in flat
     assert squeeze("training sessions created: 1, left running: 0") in flat
 
 
@@ -297,9 +307,19 @@ def test_reevaluate_starts_a_selective_execution_with_the_source_parameters(depl
         "SelectedSteps": [{"StepName": s} for s in
                           ("EvaluateModel", "CheckAccuracy", "ApproveModel", "RecordRejection", "AccuracyTooLow")]}
     recorded = sm.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    # UpdateApproval false: the verdict is recorded on the package, its approval status left (ApproveModel and
+    # RecordRejection read it: tests/test_reevaluate.py's moto registry test and the local re-evaluation hold that).
     assert {p["Name"]: p["Value"] for p in recorded} == {
-        "MaxSteps": "40", "EvalDataS3Uri": "s3://dapo-local/heldout/", "MinImprovement": "0.1", "EvalSize": "0"}
-    assert "keeps ValidateData and TrainDAPO from it (nothing is trained)" in capsys.readouterr().out
+        "MaxSteps": "40", "EvalDataS3Uri": "s3://dapo-local/heldout/", "MinImprovement": "0.1", "EvalSize": "0",
+        "UpdateApproval": "false"}
+    out = capsys.readouterr().out
+    assert "keeps ValidateData and TrainDAPO from it (nothing is trained)" in out
+    assert "its approval status is left as it is (UPDATE_APPROVAL=1 sets it to the verdict)" in out
+    # Asked (make reevaluate UPDATE_APPROVAL=1): the new verdict sets it.
+    arn = reevaluate.reevaluate(session, "dapo-local", source, {}, LOCAL, update_approval=True)
+    recorded = sm.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {p["Name"]: p["Value"] for p in recorded}["UpdateApproval"] == "true"
+    assert "the new verdict sets the model package's approval status" in capsys.readouterr().out
 
 
 def test_reevaluate_on_new_held_out_data_is_the_same_selective_execution_with_the_new_uri(deployed, capsys):
@@ -313,7 +333,7 @@ def test_reevaluate_on_new_held_out_data_is_the_same_selective_execution_with_th
         "EvaluateModel", "CheckAccuracy", "ApproveModel", "RecordRejection", "AccuracyTooLow"]
     assert request["SelectiveExecutionConfig"]["SourcePipelineExecutionArn"] == source
     recorded = sm.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
-    assert {p["Name"]: p["Value"] for p in recorded} == {"MaxSteps": "40",
+    assert {p["Name"]: p["Value"] for p in recorded} == {"MaxSteps": "40", "UpdateApproval": "false",
                                                          "EvalDataS3Uri": "s3://dapo-local/new-heldout/"}
     assert "held-out data: s3://dapo-local/new-heldout/, checked by EvaluateModel" in capsys.readouterr().out
     # ... because EvaluateModel reads it beside ValidateData's output, whose train split it removes from it.
@@ -349,6 +369,14 @@ def test_reevaluate_refuses_before_starting(deployed, params, message):
     assert sent == []
 
 
+def test_a_definition_without_update_approval_is_refused_unless_the_verdict_may_set_the_status():
+    with pytest.raises(UserError, match="no UpdateApproval parameter .* UPDATE_APPROVAL=1"):
+        reevaluate.approval({"MinImprovement"}, {}, update=False)
+    assert reevaluate.approval({"MinImprovement"}, {}, update=True)[0] == {}
+    assert reevaluate.approval({"UpdateApproval"}, {"UpdateApproval": "True"}, update=False)[0] == {
+        "UpdateApproval": "true"}
+
+
 def test_reevaluate_refuses_an_execution_of_another_pipeline(deployed):
     session, _, source, sent = deployed
     with pytest.raises(UserError, match="is an execution of pipeline 'dapo-local', not of 'other'"):
@@ -356,7 +384,7 @@ def test_reevaluate_refuses_an_execution_of_another_pipeline(deployed):
 
 
 # -- the registry keeps every verdict ----------------------------------------------------------------------------
-def test_each_new_verdict_keeps_the_earlier_ones_in_moto(tmp_path, monkeypatch):
+def test_each_new_verdict_keeps_the_earlier_ones_in_moto(tmp_path, monkeypatch, capsys):
     """moto replaces the metadata on each update (SageMaker merges it): the history survives either way, and an
     approval after a rejection carries no rejection_reason."""
     for var in ("SAGEMAKER_TRAINING_SESSION_ENDPOINT", "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT"):
@@ -378,6 +406,28 @@ def test_each_new_verdict_keeps_the_earlier_ones_in_moto(tmp_path, monkeypatch):
     assert metadata["verdict_2"].startswith("Rejected execution=k2x9q12 ")
     assert "rejection_reason=improvement lower bound" in metadata["verdict_2"]
     assert "verdict 3 of this adapter" in described["ApprovalDescription"]
+    # A re-evaluation's default (UpdateApproval false): a rejection is recorded, the Approved package stays Approved.
+    with mock_aws():
+        sm = boto3.client("sagemaker", region_name=REGION)
+        sm.create_model_package_group(ModelPackageGroupName="dapo")
+        arn = sm.create_model_package(ModelPackageGroupName="dapo",
+                                      ModelApprovalStatus="PendingManualApproval")["ModelPackageArn"]
+        args = write_inputs(tmp_path, arn)
+        for n, (bar, reject, update) in enumerate([("0", False, "true"), ("0.9", True, "false"),
+                                                   ("0.9", True, "true")], 1):
+            capsys.readouterr()
+            assert approve.main([*args, "--execution-arn", f"{EXECUTION}{n}", "--min-improvement", bar,
+                                 "--update-approval", update, *(["--reject"] if reject else [])]) == 0
+            out = capsys.readouterr().out
+            status, metadata = (lambda d: (d["ModelApprovalStatus"], d["CustomerMetadataProperties"]))(
+                sm.describe_model_package(ModelPackageName=arn))
+            if n == 2:  # recorded, not applied
+                assert status == "Approved" and metadata["verdict"] == "Rejected" and "rejection_reason" in metadata
+                assert f"approve: {arn} recorded (verdict Rejected 2, the earlier one kept as verdict_1), approval " \
+                       "left at Approved (UpdateApproval=true sets it)" in out
+            if n == 3:  # asked: the verdict sets the status; verdict_2 is the gate's Rejected, not the status
+                assert status == "Rejected" and metadata["verdict_2"].startswith("Rejected execution=k2x9q12 ")
+                assert "approval changed from Approved to Rejected" in out
 
 
 def test_the_local_registry_removes_what_an_update_names():

@@ -224,6 +224,9 @@ class PipelineConfig(Section):
     # The gate's paired test: approve only when the 95% lower bound of (trained - base) accuracy is at least
     # this. 0: the adapter is shown better than its base model (one-sided, 2.5%); 0.02: at least 2 points better.
     min_improvement: float = Field(0.0, ge=-1, le=1)
+    # ApproveModel and RecordRejection set the package's approval status to the gate's verdict; false: they record
+    # the verdict on the package and leave its status (a re-evaluation's default: make reevaluate UPDATE_APPROVAL=1).
+    update_approval: bool = True
     max_runtime_seconds: int = Field(86400, ge=1, le=MAX_TRAINING_RUNTIME,
                                      json_schema_extra={"why": "SageMaker's limit"})
     processing_max_runtime_seconds: int = Field(7200, ge=1, le=MAX_PROCESSING_RUNTIME,

@@ -20,7 +20,7 @@ from steps.config.load import RunConfig
 class Parameter:
     name: str
     key: str  # "section.field" whose value is the default
-    kind: Literal["String", "Integer", "Float"]
+    kind: Literal["String", "Integer", "Float", "Boolean"]  # a bool config key's is Boolean (an on/off switch)
     meaning: str
 
     @property
@@ -32,8 +32,7 @@ class Parameter:
         return self.key.split(".", 1)[1]
 
     def default(self, run: RunConfig) -> Any:
-        value = getattr(getattr(run, self.section), self.field)
-        return int(value) if isinstance(value, bool) else value  # a switch is an Integer 0/1 parameter
+        return getattr(getattr(run, self.section), self.field)
 
 
 PARAMETERS = (
@@ -47,8 +46,8 @@ PARAMETERS = (
     Parameter("MaxSteps", "dapo.max_steps", "Integer", "optimizer steps"),
     Parameter("LearningRate", "dapo.learning_rate", "Float", "Adam rate, in (0, 0.01] (the API's range)"),
     Parameter("MaxNumGenBatches", "dapo.max_num_gen_batches", "Integer", "generation batches one step may draw"),
-    Parameter("SelectiveRollouts", "dapo.selective_rollouts", "Integer",
-              "1: skip prompts whose recent groups were all-equal before sampling (GRESO); 0: off"),
+    Parameter("SelectiveRollouts", "dapo.selective_rollouts", "Boolean",
+              "true: skip prompts whose recent groups were all-equal before sampling (GRESO); false: off"),
     Parameter("ClipLowThreshold", "dapo.clip_low_threshold", "Float", "PPO ratio lower bound (DAPO: 0.8)"),
     Parameter("ClipHighThreshold", "dapo.clip_high_threshold", "Float", "PPO ratio upper bound (DAPO: 1.28)"),
     Parameter("EvalSize", "dapo.eval_size", "Integer", "held-out questions evaluated (0: all)"),
@@ -56,6 +55,9 @@ PARAMETERS = (
               "approve only at or above this greedy accuracy"),
     Parameter("MinImprovement", "pipeline.min_improvement", "Float",
               "approve only when the 95% lower bound of trained minus base accuracy is at least this"),
+    Parameter("UpdateApproval", "pipeline.update_approval", "Boolean",
+              "true: the gate's verdict sets the model package's approval status; false: recorded on the package, "
+              "the status left as it is (a re-evaluation's default)"),
     Parameter("ProcessingInstanceType", "pipeline.processing_instance_type", "String",
               "instance of the processing steps"),
     Parameter("TrainingInstanceType", "pipeline.training_instance_type", "String",
