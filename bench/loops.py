@@ -174,7 +174,7 @@ def drive(trainer: Trainer, state: LoopState, sequential: bool = False) -> tuple
     config (one generation batch in flight, never sampling ahead): the surplus of a step's last generation batch
     is discarded, not trained next step, and a checkpoint's save_state is awaited before the next step samples."""
     carry, batches = trainer.start(state), []
-    while carry.state.step < trainer.n_steps:
+    while carry.state.step < trainer.n_steps and not carry.state.stopped_early:
         carry, batch = trainer.step(carry)
         batches.append(batch)
         if carry.state.stopped_early:

@@ -285,7 +285,7 @@ def announcements(values: dict[str, Any]) -> dict[str, str]:
 
 #: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log); by default a
 #: step's sampling: and train: lines are shown as one compact line (local/console.py), with --verbose as printed.
-SHOWN = ("sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
+SHOWN = ("forecast:", "sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
 
 
 def say(text: str, file: Any = None) -> None:

@@ -157,6 +157,11 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     d = _run_dir(tmp_path)
     # Every figure of the seeded run and its approval are the loop's before its rewrite (issue 37), to nine digits.
     assert pinned.figures(d) == json.loads(pinned.PINNED.read_text())
+    # The forecast before step 1 (issue 38): its keep rate, read from step 1's first generation batch, is step 1's.
+    records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    (seen,) = [r for r in records if r["kind"] == "forecast"]
+    step_1 = next(r for r in records if r["kind"] == "step")
+    assert abs(seen["keep_rate"] - (1 - step_1["filtered_frac"])) <= 0.1 and seen["pass_rate"] > 0
     # A person's terminal: every line within 100 columns, one compact line per training step (local/console.py) ...
     wide = [line for line in (out + err).splitlines() if len(line) > 100]
     assert not wide, wide

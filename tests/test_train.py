@@ -174,8 +174,9 @@ def test_dynamic_sampling_keeps_batch_size_groups_and_carries_the_surplus(tmp_pa
     assert sum(l.startswith("sampling: step=") for l in lines) == 5
 
 
-def test_cap_stops_cleanly_with_a_checkpoint(tmp_path, toy_data, local_service, capsys):
-    # Gold answers the model can never produce: every group is all-wrong and filtered.
+def test_data_the_model_can_never_answer_stops_before_step_1_cleanly(tmp_path, toy_data, local_service, capsys):
+    """The forecast, through the step's entry point: it stops before step 1 (the cap would have drawn
+    max_num_gen_batches batches of all-wrong groups first), exits 0, and leaves a stopped checkpoint."""
     rows = [json.loads(l) for l in toy_data[0].read_text().splitlines()[:40]]
     impossible = tmp_path / "impossible.jsonl"
     impossible.write_text("".join(json.dumps({**r, "answer": "so #### 9999"}) + "\n" for r in rows))
@@ -184,12 +185,14 @@ def test_cap_stops_cleanly_with_a_checkpoint(tmp_path, toy_data, local_service, 
     assert code == 0
     out = capsys.readouterr().out
     stop_line = next(l for l in out.splitlines() if l.startswith("stopped:"))
-    assert "max_num_gen_batches=3" in stop_line and "raise max_num_gen_batches" in stop_line
-    assert "sampling: step=1 gen_batches=3 groups_sampled=12 filtered_frac=1.0000 kept_groups=0" in out
+    assert stop_line.startswith("stopped: forecast: no group of the probe (4 prompts x ") and \
+        "every answer was wrong" in stop_line
+    assert "forecast: prompts=4 " in out and "keep_rate=0.0000" in out and "sampling: step=1" not in out
     model = json.loads((tmp_path / "model" / "model.json").read_text())
     assert model["stopped_early"] is True and model["steps_completed"] == 0 and model["model_package_arn"]
+    assert model["stop_reason"] == stop_line.removeprefix("stopped: ")
     ckpt = ckpt_io.read(tmp_path / "ckpt")
-    assert ckpt.stopped_early and ckpt.state_model_package_arn
+    assert ckpt.stopped_early and ckpt.stop_reason == model["stop_reason"]
     assert not running_sessions(local_service)
 
 

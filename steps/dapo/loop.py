@@ -39,7 +39,9 @@ from typing import Any, Callable, Mapping, Sequence
 from sagemaker.train.training_session import AdamParams, SamplingParams
 
 from steps.config import DapoConfig
+from steps.dapo import forecast as forecasting
 from steps.dapo import rollouts, selective
+from steps.dapo import state as checkpoint
 from steps.dapo.batch import build_datums, train_samples
 from steps.dapo.health import Limits, drawn_by, health_figures, observe, sampler_kl, step_rollouts
 from steps.dapo.heldout import EvalResult, evaluate_greedy
@@ -212,6 +214,7 @@ class Carry:
     in_flight: tuple[GenerationBatch, ...] = ()  # spare generation batches still running: the next fill's first
     pending: PendingCheckpoint | None = None  # a checkpoint whose save_state runs behind the next sampling
     lap_from: float = 0.0  # the run's clock when the next step's seconds started
+    started: Draws | None = None  # step 1's fill, begun by the forecast: the probe's groups are step 1's first
 
 
 @dataclass
@@ -248,6 +251,8 @@ class Trainer:
         if state.stopped_early:  # a restart after a clean stop: nothing left to do
             return Outcome(state, None)
         carry, evaluated = self.start(state), None
+        if carry.state.stopped_early:  # the forecast: nothing to learn from
+            return Outcome(carry.state, None)
         try:
             while carry.state.step < self.n_steps:
                 carry, _ = self.step(carry)
@@ -264,9 +269,32 @@ class Trainer:
             raise
 
     def start(self, state: LoopState) -> Carry:
-        """The carry a run starts from: a sampler of ``state``'s weights."""
+        """The carry a run starts from: a sampler of ``state``'s weights; a fresh run's forecast made."""
         saved = self.training_client.save_weights_for_sampler(description=f"dapo step {state.step}").result()
-        return Carry(state, self.sampler_for(state.step, saved), lap_from=self.clock())
+        carry = Carry(state, self.sampler_for(state.step, saved), lap_from=self.clock())
+        return self.forecast(carry) if state.step == 0 and state.gen_batches_drawn == 0 else carry
+
+    def forecast(self, c: Carry) -> Carry:
+        """Before step 1, step 1's first generation batch, sampled by the base model and read: will the data teach
+        it (steps/dapo/forecast.py)? If no group is mixed, the run stops here, its state written (no training
+        operation: nothing to save); otherwise step 1 goes on from these groups."""
+        draws = self.draws(c.state, ())
+        self.filling.launch(draws, c.sampler, fresh=self.spares(c.state))
+        while draws.in_flight:
+            draws.receive(draws.in_flight.popleft().result())
+        if not draws.sampled:  # every request failed: nothing to read (step 1 says so, as it would have)
+            return replace(c, started=draws)
+        seen = forecasting.forecast(draws.sampled, self.cfg.batch_size, self.n_steps, self.meter.prices)
+        self.metrics.forecast(seen.record())
+        reason = seen.stop_reason(self.cfg.reward_format)
+        if not reason:
+            return replace(c, started=draws)
+        self.metrics.print_fn(f"stopped: {reason}")
+        self.metrics.stopped({"step": 1, **seen.record(), "forecast": True})
+        stop = replace(c.state, stopped_early=True, stop_reason=reason,
+                       sampler_model_package_arn=c.sampler.client.model_package_arn)
+        checkpoint.write(self.checkpoint_dir, stop)
+        return replace(c, state=stop)
 
     def step(self, c: Carry) -> tuple[Carry, StepBatch]:
         """One optimizer step: what it hands the next (``state.stopped_early`` if the cap or a guard stopped it),
@@ -276,7 +304,7 @@ class Trainer:
         filled, overlap = c.ahead, c.overlap
         if filled is None:
             start = self.clock()
-            filled = self.fill(c.state, c.in_flight, c.sampler)
+            filled = self.fill(c.state, c.in_flight, c.sampler, c.started)
             overlap = overlap.sampled(self.clock() - start, len(filled.batch.sampled))
         batch, state = filled.batch, filled.state
         if c.pending:  # the previous checkpoint, its save done while this step sampled
@@ -346,9 +374,11 @@ class Trainer:
                      selective.selector(self.selective, state.selective),
                      in_flight=deque(b for b in in_flight if state.step - b.sampler_step <= OFF_POLICY_LIMIT))
 
-    def fill(self, state: LoopState, in_flight: Sequence[GenerationBatch], sampler: SamplerAt) -> Filled:
-        """Dynamic sampling for the step after ``state``, on-policy: every batch on ``sampler``'s weights."""
-        draws = self.draws(state, in_flight)
+    def fill(self, state: LoopState, in_flight: Sequence[GenerationBatch], sampler: SamplerAt,
+             started: Draws | None = None) -> Filled:
+        """Dynamic sampling for the step after ``state``, on-policy: every batch on ``sampler``'s weights
+        (``started``: begun already, by the forecast)."""
+        draws = started or self.draws(state, in_flight)
         return self.filled(state, draws, self.filling.collect(draws, sampler, self.spares(state)))
 
     def filled(self, state: LoopState, draws: Draws, batch: StepBatch, ahead: bool = False) -> Filled:

@@ -48,6 +48,9 @@ LENGTH_FIELDS = ("trained_completion_tokens_mean", "trained_completion_tokens_p9
 # step's generation batches were drawn, the share of its sampled prompts predicted mixed (last group mixed, or
 # never sampled) and the share observed mixed (its keep rate), and the share sampled though predicted all-equal.
 SELECTIVE_FIELDS = ("skipped_prompts", "predicted_keep_rate", "observed_keep_rate", "exploration_share")
+# The forecast before step 1 (steps/dapo/forecast.py), in two lines: what the probe saw, then what it predicts.
+FORECAST_FIELDS = (("prompts", "group_size", "pass_rate", "pass_rate_lenient", "format_rate", "keep_rate"),
+                   ("gen_batches_per_step", "steps", "sampled_tokens", "trained_tokens", "cost_usd"))
 
 
 def sampling_figures(step: int, batch: StepBatch) -> dict[str, Any]:
@@ -171,6 +174,13 @@ class MetricsLog:
     def eval(self, record: dict[str, Any]) -> None:
         self.print_fn(line("eval", record, EVAL_FIELDS))
         self._write("eval", record)
+
+    def forecast(self, record: dict[str, Any]) -> None:
+        """The forecast before step 1: its two ``forecast:`` lines and a ``forecast`` record, of step 1 (its probe is
+        step 1's first generation batch: a run resumed before step 1 forecasts again, and the record is redone)."""
+        for fields in FORECAST_FIELDS:
+            self.print_fn(line("forecast", record, tuple(k for k in fields if k in record)))
+        self._write("forecast", {"step": 1, **record})
 
     def stopped(self, record: dict[str, Any]) -> None:
         self._write("stopped", record)
