@@ -251,7 +251,10 @@ def test_the_toy_driven_sick_is_stopped_by_its_guard(guard, tmp_path, toy_data, 
     assert model["steps_completed"] == stopped_at - 1 and model["model_package_arn"]
     # A clean stop like the cap's: the checkpoint says so (a rerun trains nothing more), the session is stopped.
     ckpt = ckpt_io.read(tmp_path / "ckpt")
-    assert ckpt.stopped_early and ckpt.guard == guard and ckpt.state_model_package_arn
+    assert ckpt.stopped_early and ckpt.guard == guard
+    # A stop on a trained step saved its state; the forecast's, before step 1, trained nothing to save.
+    before_step_1 = "on the forecast's probe before step 1" in stop[0]
+    assert bool(ckpt.state_model_package_arn) is not before_step_1 and (stopped_at == 1 or not before_step_1)
     assert f"done: steps={stopped_at - 1} stopped_early=true" in "\n".join(out)
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     # The stop is the last step record (the session's billing record follows it, once the session is stopped).
@@ -262,9 +265,9 @@ def test_the_toy_driven_sick_is_stopped_by_its_guard(guard, tmp_path, toy_data, 
 
 def test_the_readmes_entropy_collapse_knob_at_the_local_runs_own_settings_stops_as_entropy_collapse(
         tmp_path, toy_data, local_service, capsys):
-    """config/local.yaml as it is, the toy sampled at temperature 0.03: its groups score alike, so the
-    generation-batch cap runs out on the first step, and the stop is the entropy guard's (0.02 and 0.01 do the
-    same: their estimates are lower still)."""
+    """config/local.yaml as it is, the toy sampled at temperature 0.03: its groups score alike, so the forecast
+    finds no mixed group before step 1 (the generation-batch cap would run out on the first step), and the stop is
+    the entropy guard's (0.02 and 0.01 do the same: their estimates are lower still)."""
     local_service.set_sickness(Sickness(temperature=0.03))
     train_path, eval_path = toy_data
     argv = ["--config", str(ROOT / "config" / "local.yaml"), "--train", str(train_path), "--eval", str(eval_path),
@@ -274,9 +277,11 @@ def test_the_readmes_entropy_collapse_knob_at_the_local_runs_own_settings_stops_
     assert train.main(argv) == 0
     [stop] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("stopped: ")]
     assert stop.startswith("stopped: health guard entropy_collapse at step 1: the entropy estimate ")
-    assert "on the step the generation-batch cap stopped, which is its symptom: only " in stop
+    assert "on the forecast's probe before step 1, which is its symptom: forecast: no group of the probe " in stop
     model = json.loads((tmp_path / "model" / "model.json").read_text())
     assert (model["guard"], model["guard_stopped"], model["steps_completed"]) == ("entropy_collapse", True, 0)
     [record] = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
                 if json.loads(line)["kind"] == "stopped"]
-    assert record["guard"] == "entropy_collapse" and record["entropy"] < 0.02 and record["gen_batches"] == 24
+    # Stopped on the probe, one step's first generation batches, not after the cap's 24.
+    assert record["guard"] == "entropy_collapse" and record["entropy"] < 0.02 and record["forecast"] is True
+    assert 1 <= record["gen_batches"] < 24

@@ -318,15 +318,16 @@ RULES: tuple[Rule, ...] = (
 GUARDS = tuple(rule.name for rule in RULES)
 
 
-def observe(memory: GuardState, figures: Mapping[str, float], limits: Limits, step: int, capped: str | None = None
-            ) -> tuple[GuardState, Trip | None]:
+def observe(memory: GuardState, figures: Mapping[str, float], limits: Limits, step: int, capped: str | None = None,
+            stopped_by: str = "the step the generation-batch cap stopped") -> tuple[GuardState, Trip | None]:
     """One step's verdict: the guards' new memory, and the guard that fired (None: none did).
 
     ``figures``: the step's sampled completions' ``entropy``, ``repetition_frac``, ``truncated_frac``,
     ``format_error_rate`` and ``accuracy`` (steps/dapo/health.py); ``step``: the optimizer step they were
     sampled for, named in the reason. ``capped``: the generation-batch cap stopped this step, for this reason
     (what it saw); then the first guard whose condition holds this step fires, whatever its count (the module
-    docstring says why), and its reason names the cap's too.
+    docstring says why), and its reason names the cap's too. ``stopped_by``: what stopped the step so (the cap, or
+    the forecast before step 1).
     """
     if not limits.enabled:
         return memory, None
@@ -354,7 +355,7 @@ def observe(memory: GuardState, figures: Mapping[str, float], limits: Limits, st
     elif count >= limits.patience:
         when = f"for {count} consecutive steps (guard_patience={limits.patience})"
     else:
-        when = f"on the step the generation-batch cap stopped, which is its symptom: {capped}"
+        when = f"on {stopped_by}, which is its symptom: {capped}"
     reason = (f"health guard {fired.name} at step {step}: {seen}, {when}. Training stops here with the model of "
               f"step {step - 1}, which is never approved. {fired.advice} "
               "(Set guards: false to turn the guards off, or a guard_* key to change a threshold.)")

@@ -286,12 +286,19 @@ class Trainer:
             return replace(c, started=draws)
         seen = forecasting.forecast(draws.sampled, self.cfg.batch_size, self.n_steps, self.meter.prices)
         self.metrics.forecast(seen.record())
-        reason = seen.stop_reason(self.cfg.reward_format)
+        reason, guard = seen.stop_reason(self.cfg.reward_format), ""
         if not reason:
             return replace(c, started=draws)
+        # A sick base model (say, a collapsed one writing one answer every time) is named by its guard, as a
+        # step the cap stops is: its advice says more than the forecast's.
+        health = health_figures(step_rollouts(draws.step_batch(self.cfg.batch_size)))
+        _, trip = observe(c.state.guard_state, health, self.limits, 1, reason, "the forecast's probe before step 1")
+        if trip:
+            reason, guard = trip.reason, trip.guard
         self.metrics.print_fn(f"stopped: {reason}")
-        self.metrics.stopped({"step": 1, **seen.record(), "forecast": True})
-        stop = replace(c.state, stopped_early=True, stop_reason=reason,
+        self.metrics.stopped({"step": 1, **health, **seen.record(), "gen_batches": draws.launched,
+                              "forecast": True, **({"guard": guard} if guard else {})})
+        stop = replace(c.state, stopped_early=True, stop_reason=reason, guard=guard,
                        sampler_model_package_arn=c.sampler.client.model_package_arn)
         checkpoint.write(self.checkpoint_dir, stop)
         return replace(c, state=stop)
