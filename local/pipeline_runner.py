@@ -57,6 +57,7 @@ from pipeline.expressions import (
     property_files,
     walk,
 )
+from steps.platform import files
 from steps.platform.ownership import ENV_LOCAL_JOBS, ENV_PROCESSING_JOB, LocalJobs
 from steps.supervise import GRACE_SECONDS
 
@@ -274,8 +275,7 @@ class LocalExecution:
             self._download(ch["DataSource"]["S3DataSource"]["S3Uri"], local)
             env[f"SM_CHANNEL_{ch['ChannelName'].upper()}"] = str(local)
         hp = root / "input/config/hyperparameters.json"
-        hp.parent.mkdir(parents=True, exist_ok=True)
-        hp.write_text(json.dumps(args.get("HyperParameters", {})))
+        files.write_json(hp, args.get("HyperParameters", {}))
         ckpt = args.get("CheckpointConfig")
         ckpt_dir = (self._container_path(rec, ckpt.get("LocalPath", "/opt/ml/checkpoints")) if ckpt
                     else root / "checkpoints")

@@ -23,7 +23,6 @@ checked, so EvaluateModel evaluates ValidateData's checked copy as the run did.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -88,17 +87,18 @@ def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
         raise Refused(f"--reevaluate {args.reevaluate} runs the run's own definition, data and config; drop "
                       f"{' '.join(given)} (--param sets what changes)")
     run_dir, _ = finished_run(Path(args.runs_dir), args.reevaluate)
-    kept_run = json.loads((run_dir / local.run_file).read_text())
+    kept_run = files.read_json(run_dir / local.run_file, "That run cannot be re-evaluated; train a new one.")
     if kept_run.get("outcome") not in ("succeeded", "failed"):
         raise Refused(f"--reevaluate {args.reevaluate}: that run is {kept_run.get('outcome')}; re-evaluate a run that "
                       f"ended (succeeded or failed), or continue it with python -m local.run --resume {run_dir.name}")
     steps_file = run_dir / local.steps_file
-    records = json.loads(steps_file.read_text()) if steps_file.exists() else {}
+    records = files.read_json(steps_file, "That run cannot be re-evaluated; train a new one.") \
+        if steps_file.exists() else {}
     missing = [name for name in KEPT if (records.get(name) or {}).get("status") != "Succeeded"]
     if missing:
         raise Refused(f"--reevaluate {args.reevaluate}: {' and '.join(missing)} did not succeed in that run, so there "
                       "is no adapter to re-evaluate")
-    definition = json.loads((run_dir / "pipeline.json").read_text())
+    definition = files.read_json(run_dir / "pipeline.json", "That run cannot be re-evaluated; train a new one.")
     params = parse_pairs(args.param, "--param", "MinImprovement=0.1")
     if HELD_OUT in params:
         raise Refused(f"--param {HELD_OUT}: a local re-evaluation takes new held-out data as a file or folder: "
@@ -260,7 +260,7 @@ def held_out_lines(rv: Reevaluation, out: Path) -> list[str]:
     path = out / "validation.json"
     if not path.exists():
         return [f"  held-out data: {held_out_text(rv)[2:]} (not checked: EvaluateModel did not get that far)"]
-    checked = json.loads(path.read_text())
+    checked = files.read_json(path, "Re-evaluate again.")
     return [f"  {checked['message'].splitlines()[0] if checked['status'] == 'accepted' else checked['message']}"
             f" ({path})"]
 
@@ -271,7 +271,7 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
     """The re-evaluation in a screenful, also written to summary.txt."""
     from local import report
 
-    original = json.loads((rv.run_dir / "run.json").read_text())["params"]
+    original = files.read_json(rv.run_dir / "run.json", "Train a new run.")["params"]
     lines = [f"== re-evaluation {rv.number} of local run {rv.run_dir.name} ({seconds:.0f}s) ==",
              f"  parameters: {overrides_text(rv.params)} (the run's: {overrides_text(original)})"]
     lines += [f"  {rec.name:<16} {rec.type:<11} {rec.status}{': ' + rec.message if rec.message else ''}"
@@ -297,5 +297,5 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
     lines.append(f"  kept as they were: {rv.run_dir / 'work'}/{{{','.join(KEPT)}}}, {rv.run_dir}/model.json, "
                  "metrics.jsonl, evaluation.json")
     text = "\n".join(lines)
-    (out / "summary.txt").write_text(text + "\n")
+    files.write_text(out / "summary.txt", text + "\n")
     return text

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from local import console
 from steps.dapo import curves, rollouts
-from steps.platform import tracking
+from steps.platform import files, tracking
 
 # file name in the step work dirs -> (step, name in runs/<id>/)
 ARTIFACTS = {
@@ -27,6 +27,16 @@ ARTIFACTS = {
 
 
 MLFLOW_DB = "mlflow.db"
+
+
+def _read(path: Path) -> Any:
+    """A step's report, for the run's folder and summary; a damaged one (steps/platform/files.py) is named in one
+    warning and left out: the run's outcome is its steps' exit codes, not these copies."""
+    try:
+        return files.read_json(path, "The local run carries on without it.")
+    except files.Damaged as exc:
+        print("\n".join(console.fit(f"warning: {exc}")), flush=True)
+        return None
 
 
 def mlflow_store(runs_dir: Path, experiment: str) -> str:
@@ -77,7 +87,7 @@ def collect(workdir: Path, run_dir: Path, title: str = "DAPO on the local toy ta
     # Rollouts (steps/dapo/rollouts.py): the in-training evaluations' (TrainDAPO), then the final one's.
     shown = [p for step in ("TrainDAPO", "EvaluateModel") for p in _outputs(workdir, step, rollouts.FILE)[:1]]
     if shown:
-        (run_dir / rollouts.FILE).write_text("".join(p.read_text() for p in shown))
+        files.write_text(run_dir / rollouts.FILE, "".join(p.read_text() for p in shown))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         plot_curves(metrics, run_dir / "curves.png", title)
@@ -92,9 +102,9 @@ def write_base_evaluation(run_dir: Path) -> None:
     """evaluation_base.json: the base model's figures of the paired evaluation, in evaluation.json's own layout
     (EvaluateModel graded both models in one step; SPEC lists the file)."""
     path = run_dir / "evaluation.json"
-    base = json.loads(path.read_text()).get("base") if path.exists() else None
+    base = (_read(path) or {}).get("base") if path.exists() else None
     if base:
-        (run_dir / "evaluation_base.json").write_text(json.dumps({**base, "evaluated": "base_model"}, indent=2))
+        files.write_json(run_dir / "evaluation_base.json", {**base, "evaluated": "base_model"}, indent=2)
 
 
 def registry_entry(run_dir: Path, env: dict[str, str]) -> dict[str, Any] | None:
@@ -114,11 +124,15 @@ def registry_entry(run_dir: Path, env: dict[str, str]) -> dict[str, Any] | None:
 
 def _model(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "model.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return (_read(path) or {}) if path.exists() else {}
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    try:
+        return files.read_records(path)
+    except files.Damaged as exc:
+        print("\n".join(console.fit(f"warning: {exc}")), flush=True)
+        return []
 
 
 def plot_curves(metrics: Path, out: Path, title: str) -> None:
@@ -133,7 +147,8 @@ def mlflow_run(workdir: Path) -> dict[str, str] | None:
     """Where the run's MLflow run is: TrainDAPO keeps it in its checkpoint dir as soon as it starts tracking
     (model.json carries it only once training succeeded)."""
     found = _outputs(workdir, "TrainDAPO", tracking.RUN_FILE)
-    return json.loads(found[0].read_text()) if found else None
+    ref = _read(found[0]) if found else None
+    return ref if isinstance(ref, dict) and {"tracking_uri", "run_id"} <= ref.keys() else None
 
 
 def reopen_mlflow_run(workdir: Path) -> None:
@@ -169,7 +184,8 @@ def finish_mlflow_run(workdir: Path, run_id: str, params: dict[str, str], status
 def _accuracy(path: Path, name: str = "accuracy") -> float | None:
     if not path.exists():
         return None
-    return float(json.loads(path.read_text())["metrics"][name]["value"])
+    figures = _read(path)
+    return float(figures["metrics"][name]["value"]) if figures else None
 
 
 def training_lines(run_dir: Path) -> list[str]:
@@ -177,7 +193,7 @@ def training_lines(run_dir: Path) -> list[str]:
     lines = []
     val = run_dir / "validation.json"
     if val.exists():
-        v = json.loads(val.read_text())
+        v = _read(val) or {}
         lines.append(f"  data: {json.dumps(v.get('kept', v.get('counts', {})))}")
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -276,7 +292,7 @@ def summarize(run_dir: Path, records: dict[str, Any], failure: Any, seconds: flo
                      "runner's own: training-session-service.log, local-run.log (above)")
     # Within the terminal's 100 columns: long lines wrapped, a path too long to share a line on its own.
     text = "\n".join(line for logical in lines for line in console.fit(logical))
-    (run_dir / "summary.txt").write_text(text + "\n")
+    files.write_text(run_dir / "summary.txt", text + "\n")
     return text
 
 
@@ -314,7 +330,9 @@ def evaluation_lines(run_dir: Path) -> list[str]:
     path = run_dir / "evaluation.json"
     if not path.exists():
         return []
-    evaluation = json.loads(path.read_text())
+    evaluation = _read(path)
+    if not evaluation:
+        return []
     trained, base, gain = evaluation["metrics"], (evaluation.get("base") or {}).get("metrics"), \
         evaluation.get("improvement")
     if base is None or gain is None:  # an evaluation.json of before the paired evaluation
@@ -362,7 +380,7 @@ def billing_lines(run_dir: Path) -> list[str]:
 
     evaluation = run_dir / "evaluation.json"
     blocks = {"TrainDAPO": _model(run_dir).get("billing"),
-              "EvaluateModel": json.loads(evaluation.read_text()).get("billing") if evaluation.exists() else None}
+              "EvaluateModel": (_read(evaluation) or {}).get("billing") if evaluation.exists() else None}
     blocks = {step: block for step, block in blocks.items() if block}
     if not blocks:
         return []

@@ -239,11 +239,14 @@ def resume_plan(args: argparse.Namespace) -> Plan:
         runs = sorted(p.parent.name for p in Path(args.runs_dir).glob(f"*/{RUN_FILE}"))
         raise Refused(f"--resume {args.resume}: {run_dir / RUN_FILE} does not exist; the runs there: "
                       f"{', '.join(runs) or 'none'}")
-    kept = json.loads((run_dir / RUN_FILE).read_text())
+    # What a resume cannot do without: a damaged one is refused in one line (steps/platform/files.py).
+    again = f"Start a new run: make local-run (this run's parameters are in {run_dir / 'logs'})."
+    kept = files.read_json(run_dir / RUN_FILE, again)
     if kept.get("outcome") == "succeeded":
         raise Refused(f"--resume {args.resume}: that run succeeded; there is nothing left to run")
     steps = run_dir / STEPS_FILE
-    previous = json.loads(steps.read_text()) if steps.exists() else {}
+    previous = files.read_json(steps, f"Delete it to run every step again: make local-run RESUME={args.resume}") \
+        if steps.exists() else {}
     plan = Plan(kept["config"], kept["params"], kept["train_rows"], kept["eval_rows"], kept["seed"],
                 run_id=args.resume, previous=previous, data=kept.get("data"))
     check_params(plan.params, plan.config)
@@ -464,7 +467,7 @@ def _definition(plan: Plan, run_dir: Path, args: argparse.Namespace) -> dict[str
     """The run's pipeline definition: built (and kept in the run's folder), or the kept one on a resume."""
     run_id = run_dir.name
     if plan.run_id:
-        definition = json.loads((run_dir / "pipeline.json").read_text())
+        definition = files.read_json(run_dir / "pipeline.json", "Start a new run: make local-run")
         done = [name for name, rec in plan.previous.items() if rec["status"] == "Succeeded"]
         say(f"local-run {run_id}: resuming ({', '.join(done) or 'no step'} completed before; "
             f"parameters: {plan.overrides() or 'the defaults'})")

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 from local.stack import REGION, ROOT, SERVICE_GRACE_SECONDS
 from steps.cli import Refused, run_step
 from steps.config import RunConfig, config_from_dict
+from steps.platform import files
 from steps.platform.versions import require_training_session_sdk
 
 SERVICE_STATE = "service-state"
@@ -40,7 +41,7 @@ def finished_run(runs_dir: Path, run_id: str) -> tuple[Path, dict]:
     if not (run_dir / SERVICE_STATE).is_dir():
         raise Refused(f"{run_dir / SERVICE_STATE} does not exist: this run's adapter weights are gone (runs that "
                       "succeeded before local runs kept them removed them); train a new one with make local-run")
-    return run_dir, json.loads(model.read_text())
+    return run_dir, files.read_json(model, "Train a new adapter with make local-run.")
 
 
 def keep_only_the_adapter(run_dir: Path) -> None:
@@ -48,7 +49,7 @@ def keep_only_the_adapter(run_dir: Path) -> None:
     stays (the sampler weights model.json names, and its registry entry), for ``make sample`` and ``--reevaluate``;
     the training states and the earlier steps' sampler weights go. Without a model.json nothing is worth keeping."""
     state, model = run_dir / SERVICE_STATE, run_dir / "model.json"
-    arn = json.loads(model.read_text()).get("model_package_arn") if model.is_file() else None
+    arn = files.read_json(model, "Nothing was removed.").get("model_package_arn") if model.is_file() else None
     if arn is None:
         shutil.rmtree(state, ignore_errors=True)
         return

@@ -20,6 +20,7 @@ from pipeline.checks import check_pipeline_description, problems
 from pipeline.config import load
 from steps.config import PipelineConfig, RunConfig
 from steps.config.parameters import PARAMETERS
+from steps.platform import files
 from steps.platform.versions import require_training_session_sdk
 
 # Any region works offline: nothing in the definition depends on it.
@@ -79,10 +80,7 @@ def write_definition(config: str | Path, out: str | Path) -> Path:
     """Load ``config``, build its definition offline and write it to ``out`` (pretty JSON); returns the path."""
     cfg, run = load(config)
     definition = build_definition(cfg, run)
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
-    return path
+    return files.write_json(out, definition, indent=2)
 
 
 @cli_main

@@ -160,7 +160,7 @@ TRAINED_ON = "trained on"
 def checked_by_validate(held_out: str, validated: Path) -> bool:
     """Whether ``held_out`` holds the very files ValidateData checked as its eval split (their sha256s in its
     validation.json): then its checked copy is the held-out data, and nothing is checked again."""
-    checked = json.loads((validated / "validation.json").read_text())
+    checked = files.read_json(validated / "validation.json", "Run ValidateData again (a new execution).")
     inputs = ((checked.get("splits") or {}).get("eval") or {}).get("inputs") or []
     try:
         ours = sorted(sha256_file(f) for f in jsonl_files(held_out))
@@ -179,7 +179,7 @@ def validate_held_out(held_out: str, validated: Path, out_dir: Path, task: RowTa
     returns the report. A refusal (no usable row left, or a grader that cannot read the gold answers) raises
     Refused naming the rows, after writing the report."""
     task = task or default_task()
-    earlier = json.loads((validated / "validation.json").read_text())
+    earlier = files.read_json(validated / "validation.json", "Run ValidateData again (a new execution).")
     limits = earlier.get("prompt_budget")
     budget = (PromptBudget(tokenizer, chat_template_kwargs or {}, limits["max_tokens"], limits["context_tokens"],
                            limits["source"]) if limits and tokenizer is not None else None)

@@ -460,6 +460,23 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
     assert status == "Stopped"
     assert_the_step_stopped_its_session_before_the_service_stopped(run_dir, session)
 
+    # A resume that meets a file it cannot do without cut (issue 37: by a kill, by hand) refuses in one line naming
+    # it, before anything starts; the file put back, it resumes. The cut last line of TrainDAPO's metrics.jsonl,
+    # an append a SIGKILL interrupted, is left out (its step is redone); its MLflow file is cut in
+    # tests/test_tracking.py (a new MLflow run), and the local report then carries on without it.
+    for name in ("run.json", "steps.json", "pipeline.json"):
+        whole = (run_dir / name).read_text()
+        (run_dir / name).write_text(whole[:len(whole) // 2])
+        with pytest.raises(Refused) as refused:
+            _run(tmp_path, "--resume", run_id)
+        assert str(refused.value).startswith(f"{run_dir / name} is damaged (not whole JSON: ")
+        assert "\n" not in str(refused.value)
+        (run_dir / name).write_text(whole)
+    [metrics] = sorted((run_dir / "work" / "TrainDAPO").rglob("metrics.jsonl"))
+    metrics.write_text(metrics.read_text() + '{"kind": "step", "step": 5, "reward_me')
+    assert report.mlflow_run(run_dir / "work")["run_id"] == killed.info.run_id
+    capsys.readouterr()
+
     # Resumed: same run id, same MLflow run; ValidateData kept, TrainDAPO from its checkpoint to MaxSteps only.
     assert _run(tmp_path, "--resume", run_id) == 0
     out = capsys.readouterr().out

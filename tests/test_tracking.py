@@ -200,6 +200,25 @@ def test_a_restarted_training_job_continues_its_run(tmp_path, data, store):
     assert [s for s, _ in history(store, run.info.run_id, "step/reward_mean")] == [1, 2, 3, 4]
 
 
+def test_a_restarted_job_whose_files_a_kill_cut_finishes_without_a_traceback(tmp_path, data, store, caplog):
+    """Issue 37: a SIGKILL while an older version wrote mlflow-run.json in place left it empty, and every resume
+    then ended in a JSON traceback. Now: one warning naming it, a new MLflow run, and the run finishes; the cut
+    last lines of metrics.jsonl and rollouts.jsonl (appends a kill interrupted) are left out and redone."""
+    assert run_train(tmp_path, data, "max_steps=2", "save_every=1") == 0
+    (tmp_path / "ckpt" / tracking.RUN_FILE).write_text("")
+    for name in ("metrics.jsonl", "rollouts.jsonl"):
+        path = tmp_path / "out" / name
+        path.write_text(path.read_text() + '{"kind": "step", "step": 3, "reward_m')
+    caplog.set_level(logging.WARNING, logger="steps.tracking")
+    assert run_train(tmp_path, data, "max_steps=4", "save_every=1") == 0
+    assert f"{tmp_path / 'ckpt' / tracking.RUN_FILE} is damaged (empty). Logging to a new MLflow run." in caplog.text
+    first, second = sorted(runs(store), key=lambda r: r.info.start_time)
+    assert [s for s, _ in history(store, second.info.run_id, "step/reward_mean")] == [3, 4]
+    assert json.loads((tmp_path / "ckpt" / tracking.RUN_FILE).read_text())["run_id"] == second.info.run_id
+    steps = [r["step"] for r in metrics_io.read(tmp_path / "out" / "metrics.jsonl") if r["kind"] == "step"]
+    assert steps == [1, 2, 3, 4]
+
+
 def test_on_sagemaker_the_steps_log_to_the_tracking_server_arn_through_the_plugin(tmp_path, data, monkeypatch):
     with managed_mlflow(tmp_path / "server.db") as (env, requests):
         for name, value in env.items():

@@ -213,7 +213,7 @@ def read(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return files.read_records(p)
 
 
 def truncate_after(path: str | Path, step: int) -> None:

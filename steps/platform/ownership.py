@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from steps.cli import Refused
+from steps.platform import files
 from steps.platform.tracking import ENV_EXECUTION_ARN
 
 log = logging.getLogger("steps.ownership")
@@ -210,7 +211,7 @@ class LocalJobs:
         """Register ``job`` as run by this process for the ``with`` block."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / job
-        path.write_text(str(os.getpid()))
+        files.write_text(path, str(os.getpid()))  # atomic: a reader never sees an empty pid
         try:
             yield
         finally:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from steps.platform import files
+
 log = logging.getLogger("steps.tracking")
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
@@ -205,17 +207,31 @@ class MlflowTracker:
             # it reads from mlflow.get_tracking_uri() (EvaluateModel's job has no MLFLOW_TRACKING_URI).
             mlflow.set_tracking_uri(self.settings.tracking_uri)
             client = MlflowClient(tracking_uri=self.settings.tracking_uri)
-        if self.run_id is None and self.resume_file is not None and self.resume_file.is_file():
-            saved = json.loads(self.resume_file.read_text(encoding="utf-8"))
-            if saved.get("tracking_uri") == self.settings.tracking_uri:
-                self.run_id, self.experiment = saved["run_id"], saved["experiment"]
+        saved = self._saved_run()
+        if saved.get("tracking_uri") == self.settings.tracking_uri:
+            self.run_id, self.experiment = saved["run_id"], saved["experiment"]
         if self.run_id is None:
             self._start_run(client)
         self._result = RunRef(self.settings.tracking_uri, self.experiment, self.run_id)
         if self.resume_file is not None:
-            self.resume_file.parent.mkdir(parents=True, exist_ok=True)
-            self.resume_file.write_text(json.dumps(self._result.to_dict()), encoding="utf-8")
+            files.write_json(self.resume_file, self._result.to_dict())  # atomic: a kill never leaves it cut
         return client
+
+    def _saved_run(self) -> dict[str, Any]:
+        """The run a restarted job continues (its resume file), {} when there is none. A damaged file (cut by a
+        kill while an older version wrote it in place) is named in one warning and a new run is started: the
+        MLflow run is not worth the training run."""
+        if self.run_id is not None or self.resume_file is None or not self.resume_file.is_file():
+            return {}
+        try:
+            saved = files.read_json(self.resume_file, "Logging to a new MLflow run.")
+            if not (isinstance(saved, dict) and {"tracking_uri", "run_id", "experiment"} <= saved.keys()):
+                raise files.Damaged(f"{self.resume_file} is damaged (not a saved MLflow run). "
+                                    "Logging to a new MLflow run.")
+            return saved
+        except files.Damaged as exc:
+            log.warning("%s", exc)
+            return {}
 
     def _start_run(self, client: Any) -> None:
         if self.settings.execution_arn:

@@ -20,13 +20,13 @@ publishes as the model's ``HuggingfaceId``, so the steps load it with
 """
 from __future__ import annotations
 
-import json
 import operator
 import re
 from pathlib import Path
 from typing import Sequence
 
 from local import toy_data
+from steps.platform import files
 
 BASE_MODEL_NAME = "local-toy-arith"
 
@@ -199,10 +199,8 @@ def hf_tokenizer_config() -> dict:
 
 def write_hf_tokenizer(out_dir: Path) -> None:
     """Write the Hugging Face files; ``python -m local.training_session.toy.tokenizer`` regenerates HF_FILES."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tokenizer.json").write_text(hf_tokenizer_json() + "\n", encoding="utf-8")
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config(), indent=2) + "\n",
-                                                   encoding="utf-8")
+    files.write_text(out_dir / "tokenizer.json", hf_tokenizer_json() + "\n")
+    files.write_json(out_dir / "tokenizer_config.json", hf_tokenizer_config(), indent=2)
 
 
 if __name__ == "__main__":
