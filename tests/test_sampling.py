@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from steps.dapo.loop import Overlap, overlap_pays, sample_ahead
+from steps.dapo.loop import Overlap, carried, off_policy_limit, overlap_pays, sample_ahead
 from steps.dapo.sampling import (
     SPARE_SD,
     Cursor,
@@ -263,3 +263,12 @@ def test_a_fixed_max_steps_off_policy_needs_no_probe():
     measured = o.sampled(1, 8).trained(1, False, 1)
     assert not any(sample_ahead(u, 4, measured, 0) for u in (1, 2))
     assert o.trained(5.0, ahead=True, update_s=5.0, groups=8) == o  # sampling ahead unmeasured decides nothing
+
+
+def test_staleness_two_trains_the_groups_staleness_one_drops():
+    """max_steps_off_policy 2: a surplus sampled ahead (on the weights of step u - 1, for step u + 1) is carried
+    into step u + 2, two steps old; 1, 0 and auto drop it."""
+    ages = [Group(i, (0,), group(i, MIXED).rollouts, sampler_step=s) for i, s in enumerate((5, 4, 3))]
+    assert [off_policy_limit(Overlap(), m) for m in (None, 0, 1, 2)] == [1, 1, 1, 2]
+    assert carried(ages, 7, 2) == (tuple(ages[:2]), 1)  # trained at step 7: 1, 2 and 3 steps old
+    assert carried(ages, 7, 1) == (tuple(ages[:1]), 2)

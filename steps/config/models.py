@@ -94,8 +94,9 @@ class DapoConfig(Section):
     # null: as many as the observed keep rate says the step needs, up to max_num_gen_batches.
     max_inflight_gen_batches: int | None = Field(None, ge=1, json_schema_extra={"why": "null = auto"})
     # 0: a step samples once the previous step's weights are saved; 1: it samples while the previous one trains;
+    # 2: as 1, and groups sampled ahead and carried are trained two steps old rather than dropped;
     # null: auto, 1 if a probe step shows the overlap pays (steps/dapo/loop.py).
-    max_steps_off_policy: int | None = Field(None, ge=0, le=1, json_schema_extra={"why": "null = auto"})
+    max_steps_off_policy: int | None = Field(None, ge=0, le=2, json_schema_extra={"why": "null = auto"})
     overlong_filtering: bool = True
     overlong_buffer: int = Field(0, ge=0)
     overlong_penalty: float = Field(1.0, ge=0)

@@ -104,10 +104,10 @@ def cap_reason(step: int, batch: StepBatch, cfg: DapoConfig) -> str:
     )
 
 
-def carried(groups: Sequence[Group], update: int) -> tuple[tuple[Group, ...], int]:
-    """Surplus groups for optimizer step ``update``, and how many were dropped as too stale for it: a carried
-    group is one step older than the groups sampled for its step; sampling ahead, it would become two."""
-    fresh = tuple(g for g in groups if update - 1 - g.sampler_step <= OFF_POLICY_LIMIT)
+def carried(groups: Sequence[Group], update: int, limit: int = OFF_POLICY_LIMIT) -> tuple[tuple[Group, ...], int]:
+    """Surplus groups for optimizer step ``update``, and how many were dropped as more than ``limit`` steps stale
+    for it: a carried group is one step older than the groups sampled for its step; sampling ahead, two."""
+    fresh = tuple(g for g in groups if update - 1 - g.sampler_step <= limit)
     return fresh, len(groups) - len(fresh)
 
 
@@ -164,6 +164,13 @@ def sample_ahead(update: int, n_steps: int, overlap: Overlap, max_steps_off_poli
     if max_steps_off_policy is None:
         return overlap.sample_ahead()
     return bool(max_steps_off_policy)
+
+
+def off_policy_limit(overlap: Overlap, max_steps_off_policy: int | None) -> int:
+    """The most steps a group may be trained after the weights that sampled it: 2 only when set so
+    (``max_steps_off_policy: 2``: sampled ahead and carried, trained two steps old rather than dropped);
+    otherwise 1. Auto (None) stays at 1: bench/parity.py's table for 2 decides (docs/benchmarks.md)."""
+    return 2 if max_steps_off_policy == 2 else OFF_POLICY_LIMIT
 
 
 @dataclass(frozen=True)
@@ -307,11 +314,12 @@ class Trainer:
         """One optimizer step: what it hands the next (``state.stopped_early`` if the cap or a guard stopped it),
         and the batch it drew."""
         cfg, update = self.cfg, c.state.step + 1
+        limit = off_policy_limit(c.overlap, cfg.max_steps_off_policy)  # how stale a trained group may be
         # sample -> grade -> filter: dynamic sampling, unless it ran while the previous step trained
         filled, overlap = c.ahead, c.overlap
         if filled is None:
             start = self.clock()
-            filled = self.fill(c.state, c.in_flight, c.sampler, c.started)
+            filled = self.fill(c.state, c.in_flight, c.sampler, c.started, limit)
             overlap = overlap.sampled(self.clock() - start, len(filled.batch.sampled))
         batch, state = filled.batch, filled.state
         if c.pending:  # the previous checkpoint, its save done while this step sampled
@@ -329,13 +337,13 @@ class Trainer:
         # update: forward_backward + optim_step + the next sampler's weights (+ a checkpoint's save_state)
         save = update % cfg.save_every == 0 or update == self.n_steps
         submitted, start = self.submit(datums, update, save), self.clock()
-        surplus, dropped = carried(batch.carry, update + 1)
+        surplus, dropped = carried(batch.carry, update + 1, limit)
         state = replace(state, step=update, carry=surplus)
         # sampling ahead: the next step's expected batches go out on these weights before the update is awaited
-        draws = self.draws(state, batch.in_flight) \
+        draws = self.draws(state, batch.in_flight, limit) \
             if sample_ahead(update, self.n_steps, overlap, cfg.max_steps_off_policy) else None
-        if draws:
-            self.filling.launch(draws, c.sampler, fresh=False)  # a surplus of them would be too stale to carry
+        if draws:  # spares only if the surplus, two steps old when carried, may be trained
+            self.filling.launch(draws, c.sampler, fresh=limit >= 2 and self.spares(state))
         fb_out, weights = submitted.result()
         update_s, sampler = self.clock() - start, self.sampler_for(update, weights)
         ahead = self.filled(state, draws, self.filling.collect(draws, sampler, self.spares(state)), True) \
@@ -373,19 +381,19 @@ class Trainer:
         """Whether the fill for the step after ``state`` can carry a surplus: not in the run's last step."""
         return state.step + 1 < self.n_steps
 
-    def draws(self, state: LoopState, in_flight: Sequence[GenerationBatch]) -> Draws:
+    def draws(self, state: LoopState, in_flight: Sequence[GenerationBatch], limit: int = OFF_POLICY_LIMIT) -> Draws:
         """Dynamic sampling for the step after ``state``, about to start: the previous fill's spares still
-        running are its first, if not too stale for it (else left to finish)."""
+        running are its first, if not more than ``limit`` steps stale for it (else left to finish)."""
         return Draws(Cursor(state.position, state.gen_batches_drawn), state.carry,
                      (state.kept_groups, state.sampled_groups),
                      selective.selector(self.selective, state.selective),
-                     in_flight=deque(b for b in in_flight if state.step - b.sampler_step <= OFF_POLICY_LIMIT))
+                     in_flight=deque(b for b in in_flight if state.step - b.sampler_step <= limit))
 
     def fill(self, state: LoopState, in_flight: Sequence[GenerationBatch], sampler: SamplerAt,
-             started: Draws | None = None) -> Filled:
+             started: Draws | None = None, limit: int = OFF_POLICY_LIMIT) -> Filled:
         """Dynamic sampling for the step after ``state``, on-policy: every batch on ``sampler``'s weights
-        (``started``: begun already, by the forecast)."""
-        draws = started or self.draws(state, in_flight)
+        (``started``: begun already, by the forecast; ``limit``: the stalest spare still running it takes)."""
+        draws = started or self.draws(state, in_flight, limit)
         return self.filled(state, draws, self.filling.collect(draws, sampler, self.spares(state)))
 
     def filled(self, state: LoopState, draws: Draws, batch: StepBatch, ahead: bool = False) -> Filled:

@@ -43,10 +43,11 @@ log = logging.getLogger(__name__)
 #: resubmitting cannot help, so the step fails at once rather than drawing
 #: generation batches of nothing until max_num_gen_batches and blaming the data.
 SESSION_GONE = frozenset({"ConflictException", "ResourceNotFoundException"})
-#: The most optimizer steps a group is ever trained after the weights that sampled it. Surplus groups
-#: carried into the next step are one step old; sampling ahead (max_steps_off_policy 1) makes a step's
-#: groups one step old, and the ones it would carry two: those are dropped. The PPO ratio against the
-#: sampler's logprobs (and its clip) is what makes a step-old group safe to train on.
+#: The most optimizer steps a group is trained after the weights that sampled it, unless
+#: ``max_steps_off_policy: 2`` allows two (steps/dapo/loop.py, ``off_policy_limit``). Surplus groups carried into
+#: the next step are one step old; sampling ahead (max_steps_off_policy 1) makes a step's groups one step old,
+#: and the ones it would carry two: those are dropped. The PPO ratio against the sampler's logprobs (and its
+#: clip) is what makes a step-old group safe to train on.
 OFF_POLICY_LIMIT = 1
 #: Fresh generation batches (whose surplus is carried) cover a step's need unless the keep rate falls this many
 #: binomial standard deviations short: a step that comes up short waits a whole extra round.
