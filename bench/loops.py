@@ -71,7 +71,7 @@ from steps.platform.session import lora_kwargs
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "config" / "local.yaml"
 SEED = 7
-LOOPS = ("sequential", "default", "pipelined", "concurrent")
+LOOPS = ("sequential", "default", "pipelined", "pipelined-2", "concurrent")
 KEEP_RATES = (1.0, 0.2)
 LOW_KEEP = 0.05  # a very low keep rate: ~20 generation batches a step, so only where it says most (defaults)
 #: Long enough that no window holds the run's last step (which starts no spares and samples nothing ahead):
@@ -80,6 +80,7 @@ STEPS = 11
 WINDOW = 6
 FIRST_LINE = 2  # windows start at train line 2 or later: step 1 has no keep-rate evidence, step 2 is the probe
 BENCH_LEARNING_RATE = 1e-7  # moves the toy's weights by ~5e-7 a step: the workload stays the base model's
+END = -1  # usage's key of the session's figures at the run's end (the others: train lines)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def run_config(spec: LoopSpec, learning_rate: float) -> dict[str, Any]:
     if spec.loop == "sequential":
         overrides.update(max_inflight_gen_batches=1, max_steps_off_policy=0)
     else:  # the product's defaults (config/local.yaml pins on-policy for the toy's wall-clock runs)
-        off_policy = {"pipelined": 1, "concurrent": 0}.get(spec.loop)
+        off_policy = {"pipelined": 1, "pipelined-2": 2, "concurrent": 0}.get(spec.loop)
         overrides.update(max_inflight_gen_batches=None, max_steps_off_policy=off_policy)
     if spec.inflight is not None:
         overrides["max_inflight_gen_batches"] = spec.inflight
@@ -236,6 +237,8 @@ def run_trainer(spec: LoopSpec, cfg: Any, task: Any, costs: Costs, service: Serv
         checkpoint_dir=workdir / "ckpt", clock=lambda: service.costs()["sessions"][session]["simulated_s"])
     try:
         state, batches = drive(trainer, LoopState(seed=SEED), sequential=spec.loop == "sequential")
+        # What the sampler decoded by the run's end, collected or not (a spare nobody waited for is billed too)
+        usage[END] = service.costs()["sessions"][session]
     finally:
         training_client.stop()
     if state.step != spec.steps:
@@ -346,6 +349,11 @@ def summarise(steps: list[dict], window: dict[str, Any], usage: dict[int, dict[s
     critical = critical_s(steps, window, costs.shared_gpus)
     S, T = (statistics.mean(r[k] for r in rows) for k, rows in (("sampling_s", sampled), ("training_s", trained)))
     whole = usage[len(steps)]["simulated_s"]  # the session's clock from its start to the last train line
+    # Every completion token the sampler decoded over the run, the groups never collected included (spares
+    # started and not waited for), against the tokens of the groups the run counted.
+    decoded = usage[END]["decoded_tokens"] / costs.length_scale if END in usage else None
+    counted = sum(r["sampled_tokens"] for r in steps)
+    run_trained = sum(r["trained_tokens"] for r in steps)
     return {
         "step_s": elapsed / n, "steps_per_hour": 3600 * n / elapsed,
         "run_step_s": whole / len(steps), "run_steps_per_hour": 3600 * len(steps) / whole,
@@ -354,6 +362,9 @@ def summarise(steps: list[dict], window: dict[str, Any], usage: dict[int, dict[s
         "decode_utilisation":
             (last["decoded_tokens"] - first["decoded_tokens"]) / (costs.decode_tokens_per_s * elapsed),
         "sampled_per_trained": sum(r["sampled_tokens"] for r in sampled) / sum(r["trained_tokens"] for r in trained),
+        "run_sampled_per_trained": (decoded if decoded is not None else counted) / run_trained,
+        "uncollected_tokens": max(0.0, decoded - counted) if decoded is not None else None,
+        "decoded_per_counted": decoded / counted if decoded is not None else None,
         "sampling_s": S, "training_s": T, "critical_s": critical / n, "ratio": elapsed / critical,
         "sampled_ahead": sum(r["sampled_ahead"] for r in sampled),
         "gen_batches_mean": statistics.mean(r["gen_batches"] for r in sampled),
