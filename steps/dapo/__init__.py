@@ -18,5 +18,8 @@
   k samples per question for pass@k and maj@k;
 - ``stats``: the evaluation's statistics (Wilson intervals, the exact McNemar paired difference, pass@k, maj@k);
 - ``rollouts``: the answers an evaluation shows (rollouts.jsonl, MLflow tables);
-- ``curves``: curves.png from metrics.jsonl.
+- ``curves``: curves.png from metrics.jsonl;
+- ``selective``: selective rollouts (GRESO): the prompts' history and the filter on which prompts to launch;
+- ``forecast``: the forecast before step 1 (pure): the base model's pass, format and keep rates on step 1's first
+  generation batch, and the run's predicted tokens; no mixed group stops the run before anything trains.
 """
