@@ -108,6 +108,19 @@ def only(selection: str, partial: bool = False) -> int:
     return render(results)
 
 
+def only_parity() -> int:
+    """Learning parity alone (``--only parity``), into results.json with everything else kept; then the tables."""
+    with tempfile.TemporaryDirectory() as tmp, local_service():
+        train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
+        client = service_client(load_config(loops.LOCAL_CONFIG).session)
+        learned = parity.measure(client, load_tokenizer(None, None, HF_FILES), load_examples(train_path),
+                                 load_examples(eval_path))
+    results = report.load_results()
+    results["loops"]["parity"] = learned
+    report.save_results(results)
+    return render(results)
+
+
 def window_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
     """A run's step rows of its window's trainings."""
     return [s for s in run["steps"] if s["step"] in run["window"]["trained"]]
@@ -172,6 +185,9 @@ if __name__ == "__main__":
     # --render: the plot and the README tables again from bench/results.json, measuring nothing.
     if sys.argv[1:] == ["--render"]:
         raise SystemExit(render(report.load_results()))
+    # --only parity: learning parity alone (bench/parity.py), the rest of results.json kept.
+    if sys.argv[1:] == ["--only", "parity"]:
+        raise SystemExit(only_parity())
     # --only selective (or selective:bench, selective:toy): selective rollouts alone, the rest of results.json kept.
     if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3 and sys.argv[2].split(":")[0] == "selective":
         part = sys.argv[2].partition(":")[2]

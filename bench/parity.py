@@ -15,7 +15,7 @@ upper bound >= 0) and no guard tripped: only then may the auto choice adopt it (
 ``off_policy_limit``). The cost model is off: whether a group is stale does not depend on timing here (sampling
 ahead samples a whole step on the weights one step old), so the runs only need to be fast.
 
-``python -m bench.parity`` measures it alone, into ``bench/results.json`` (the rest kept), and renders.
+``python -m bench --only parity`` measures it alone, into ``bench/results.json`` (the rest kept), and renders.
 """
 from __future__ import annotations
 
@@ -137,28 +137,3 @@ def verdict(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                for r in runs if r["guard"]]
     return {"keeps_parity": bool(twos) and not worse and not tripped, "significantly_worse": worse,
             "guard_trips": tripped}
-
-
-def main() -> int:
-    from bench import report
-    from bench.__main__ import render
-    from bench.service import local_service
-    from local.toy_data import write_split
-    from local.training_session.toy.tokenizer import HF_FILES
-    from steps.gsm8k.data import load_examples
-    from steps.platform.session import service_client
-    from steps.platform.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(None, None, HF_FILES)
-    with tempfile.TemporaryDirectory() as tmp, local_service():
-        train_path, eval_path = write_split(tmp, 2000, 200, seed=3)
-        client = service_client(load_config(LOCAL_CONFIG).session)
-        learned = measure(client, tokenizer, load_examples(train_path), load_examples(eval_path))
-    results = report.load_results()
-    results["loops"]["parity"] = learned
-    report.save_results(results)
-    return render(results)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
