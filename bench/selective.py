@@ -134,7 +134,12 @@ def run_bench(spec: BenchSpec, costs: Costs, service: Service, client: Any, toke
     summary["groups_sampled_mean"] = statistics.mean(r["groups_sampled"] for r in inside)
     summary["observed_keep_rate"] = (sum(r["groups_sampled"] * (1 - r["filtered_frac"]) for r in inside)
                                      / sum(r["groups_sampled"] for r in inside))
-    return {"spec": {**asdict(spec), "rows": spec.rows, "steps": STEPS}, "window": window, "summary": summary}
+    # Per step, for the whole run's story (the history's warm-up): the session's clock at its train line, the
+    # groups it sampled, the prompts it skipped, its generation batches.
+    rows = [{"step": r["step"], "clock_s": usage[r["step"]]["simulated_s"], "groups_sampled": r["groups_sampled"],
+             "skipped_prompts": r.get("skipped_prompts", 0), "gen_batches": r["gen_batches"]} for r in records]
+    return {"spec": {**asdict(spec), "rows": spec.rows, "steps": STEPS}, "window": window, "summary": summary,
+            "steps": rows}
 
 
 def measure_bench(progress: Callable[[str], None] = print,
