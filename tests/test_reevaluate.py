@@ -77,13 +77,14 @@ def sample_prints_the_adapters_completions_and_stops_its_session(run_dir: Path, 
 
 
 def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path, capsys) -> None:
-    """Approved at MinImprovement 0; the same adapter, the same questions, MinImprovement 1: rejected, and the
-    rejection recorded on the package, whose approval stays Approved (no --update-approval)."""
+    """Approved at AccuracyThreshold 0.2; the same adapter, the same questions, AccuracyThreshold 0.99: rejected with
+    both numbers and what held, the rejection recorded on the package, whose approval stays Approved (no
+    --update-approval). (The second re-evaluation rejects on MinImprovement.)"""
     before = digests(run_dir)
     params = json.loads((run_dir / "run.json").read_text())["params"]
     capsys.readouterr()
     code = run.main(["--runs-dir", str(run_dir.parent), "--quiet", "--reevaluate", run_dir.name,
-                     "--param", "MinImprovement=1"])
+                     "--param", "AccuracyThreshold=0.99"])
     out = capsys.readouterr().out
     assert code == 1, out  # rejected: the execution fails at AccuracyTooLow, as a local run does
     assert digests(run_dir) == before
@@ -92,15 +93,17 @@ def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path
     assert (record["verdict_before"], record["verdict_after"]) == ("Approved", "Rejected")
     assert record["approval"] == {"before": "Approved", "after": "Approved", "update": "false"}
     assert record["model_package"]["ModelApprovalStatus"] == "Approved"
-    assert record["parameters"] == {"MinImprovement": "1"} and record["values"] == {**params, "MinImprovement": "1",
-                                                                                   "UpdateApproval": "false"}
+    assert record["parameters"] == {"AccuracyThreshold": "0.99"}
+    assert record["values"] == {**params, "AccuracyThreshold": "0.99", "UpdateApproval": "false"}
     steps = record["steps"]
     assert [steps[s]["status"] for s in ("ValidateData", "TrainDAPO", "EvaluateModel", "RecordRejection")] == \
         ["Succeeded"] * 4
     assert steps["TrainDAPO"]["message"].startswith("kept from run") and steps["CheckAccuracy"]["message"] == "false"
     assert "ApproveModel" not in steps
     metadata = record["model_package"]["CustomerMetadataProperties"]
-    assert metadata["min_improvement"] == "1.0000" and "below MinImprovement 1" in metadata["rejection_reason"]
+    accuracy = json.loads((run_dir / "reevaluations" / "1" / "evaluation.json").read_text())["metrics"]["accuracy"]
+    assert metadata["accuracy_threshold"] == "0.9900"
+    assert metadata["rejection_reason"] == f"accuracy {accuracy['value']:.4f} below AccuracyThreshold 0.99"
     assert metadata["verdicts"] == "2" and metadata["pipeline_execution_arn"].endswith(f"{run_dir.name}-r1")
     assert metadata["verdict_1"].startswith(f"Approved execution={run_dir.name} accuracy=")
     assert metadata["verdict_1"].endswith("min_improvement=0.0000")
@@ -108,7 +111,11 @@ def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path
     assert new["n"] == old["n"] and new["model_package_arn"] == old["model_package_arn"]
     assert (folder / "evaluation_base.json").exists() and (folder / "logs" / "EvaluateModel.log").exists()
     flat = squeeze(out)  # lines wrapped at 100 columns, read without whitespace
-    assert squeeze("verdict: Rejected (was Approved): improvement lower bound") in flat
+    steps_done = json.loads((run_dir / "evaluation.json").read_text())["training"]["steps_completed"]
+    assert squeeze(f"verdict: Rejected (was Approved): accuracy {accuracy['value']:.4f} below AccuracyThreshold "
+                   f"0.99") in flat
+    assert squeeze(f"Not approved: accuracy {accuracy['value']:.4f} below AccuracyThreshold 0.99 (held:") in flat
+    assert squeeze(f"{steps_done} optimizer steps completed") in flat
     assert squeeze("approval: recorded on the model package, approval left at Approved (UPDATE_APPROVAL=1 sets it "
                    "to the verdict)") in flat
     assert squeeze("training sessions created: 1, left running: 0") in flat  # EvaluateModel's; not TrainDAPO's
