@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from local import console
+from local import console, report
 from local.sample import SERVICE_STATE, finished_run
 from pipeline.aws import UserError
 from pipeline.reevaluate import KEPT, approval, check_overrides, overrides_text, selected_steps
@@ -90,7 +90,7 @@ def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
     kept_run = files.read_json(run_dir / local.run_file, "That run cannot be re-evaluated; train a new one.")
     if kept_run.get("outcome") not in ("succeeded", "failed"):
         raise Refused(f"--reevaluate {args.reevaluate}: that run is {kept_run.get('outcome')}; re-evaluate a run that "
-                      f"ended (succeeded or failed), or continue it with python -m local.run --resume {run_dir.name}")
+                      f"ended (succeeded or failed), or continue it with: {report.resume_command(run_dir)}")
     steps_file = run_dir / local.steps_file
     records = files.read_json(steps_file, "That run cannot be re-evaluated; train a new one.") \
         if steps_file.exists() else {}
@@ -188,7 +188,6 @@ def reevaluate(args: argparse.Namespace, local: LocalRun) -> int:
 
 
 def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun) -> int:
-    from local import report
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
     from local.stack import REGION, LocalStack
     from pipeline.config import load
@@ -269,7 +268,6 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
             sessions: list[dict[str, Any]] | None, before: dict[str, Any] | None, after: dict[str, Any] | None,
             seconds: float) -> str:
     """The re-evaluation in a screenful, also written to summary.txt."""
-    from local import report
 
     original = files.read_json(rv.run_dir / "run.json", "Train a new run.")["params"]
     lines = [f"== re-evaluation {rv.number} of local run {rv.run_dir.name} ({seconds:.0f}s) ==",
@@ -279,7 +277,8 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
     lines += held_out_lines(rv, out)
     lines += report.evaluation_lines(out)
     if interrupted:
-        lines.append(f"  outcome: INTERRUPTED; start it again: python -m local.run --reevaluate {rv.run_dir.name}")
+        lines.append(f"  outcome: INTERRUPTED; start it again:\n"
+                     f"    {report.resume_command(rv.run_dir, '--reevaluate')}")
     elif failure is not None and failure.step != "AccuracyTooLow":
         lines.append(f"  outcome: FAILED at {failure.step}: {failure.message}")
     else:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from local import console
+from local.console import say
 from local.sample import keep_only_the_adapter
 from local.stack import ROOT
 from steps.cli import Refused, parse_pairs
@@ -269,77 +270,6 @@ def create_run_dir(runs_dir: Path, clock: Callable[[], float] = time.time,
             continue
 
 
-# -- what the console shows ------------------------------------------------------------
-def announcements(values: dict[str, Any]) -> dict[str, str]:
-    """What each step does with this run's values, said when it starts."""
-    size = values.get("EvalSize")
-    questions = "every held-out question" if not size else f"the first {size} held-out questions"
-    return {
-        "ValidateData": "checks the train and held-out JSONL",
-        "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
-                      f"{values.get('GroupSize')} completions"),
-        "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",
-        "CheckAccuracy": f"accuracy >= {values.get('AccuracyThreshold')}, improvement's 95% lower bound >= "
-                         f"{values.get('MinImprovement')}, >= 1 optimizer step, no guard stop?",
-        "ApproveModel": "writes the evaluation onto the model package and approves it",
-        "RecordRejection": "writes the evaluation and the failed conditions onto the model package, Rejected",
-    }
-
-
-#: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log); by default a
-#: step's sampling: and train: lines are shown as one compact line (local/console.py), with --verbose as printed.
-SHOWN = ("forecast:", "sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
-
-
-def say(text: str, file: Any = None) -> None:
-    """One of the run's own messages, within the terminal's 100 columns (local/console.py); local-run.log
-    keeps it too, timestamped, among the runner's warnings and tracebacks."""
-    print("\n".join(console.fit(text)), file=file or sys.stdout, flush=True)
-    logging.getLogger("local.run").info("%s", text)
-
-
-class Progress:
-    """Step status lines, and the steps' own prefixed lines: compact and within 100 columns, or (``verbose``)
-    the steps' full lines as they printed them."""
-
-    def __init__(self, quiet: bool, log_dir: Path, verbose: bool = False) -> None:
-        self.quiet = quiet
-        self.verbose = verbose
-        self.log_dir = log_dir
-        self.started: dict[str, float] = {}
-        self.about: dict[str, str] = {}
-        self.rendered = console.StepLines()
-
-    def _print(self, text: str) -> None:
-        if self.verbose:
-            print(text, flush=True)
-            logging.getLogger("local.run").info("%s", text)
-        else:
-            say(text)
-
-    def status(self, rec: Any) -> None:
-        if rec.status == "Executing":
-            self.started[rec.name] = time.monotonic()
-            about = f": {self.about[rec.name]}" if rec.name in self.about else ""
-            self._print(f"[{rec.name}] started ({rec.type}){about}")
-            return
-        took = f" in {time.monotonic() - self.started[rec.name]:.1f}s" if rec.name in self.started else ""
-        extra = f": {rec.message}" if rec.message else ""
-        log = self.log_dir / f"{rec.name}.log"
-        if rec.status == "Failed" and log.exists():
-            extra += f" (whole log: {log})"
-        self._print(f"[{rec.name}] {rec.status}{took}{extra}")
-
-    def line(self, step: str, line: str) -> None:
-        if not (line.startswith(("error:", "stopped:")) or (not self.quiet and line.startswith(SHOWN))):
-            return
-        if self.verbose:
-            print(f"[{step}] {line}", flush=True)
-            return
-        for shown in self.rendered.render(step, line):
-            print(shown, flush=True)
-
-
 @contextmanager
 def run_log(path: Path) -> Iterator[None]:
     """This process's own logging (boto, MLflow, warnings) to runs/<id>/local-run.log, not the console; with
@@ -449,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reevaluate:
         from local.reevaluate import LocalRun, reevaluate
 
-        return reevaluate(args, LocalRun(check_params, Progress, announcements, run_log, _bucket_of,
+        return reevaluate(args, LocalRun(check_params, console.Progress, console.announcements, run_log, _bucket_of,
                                          ("config", "resume", *DEFAULTS), RUN_FILE, STEPS_FILE))
     if args.eval_data is not None:
         raise Refused(f"--eval-data {args.eval_data} is new held-out data for a re-evaluation: add --reevaluate "
@@ -528,8 +458,8 @@ def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> i
                                interrupted=ended.interrupted)
     say(summary)
     if ended.interrupted:
-        say(f"interrupted: every process this run started has been stopped; continue it with: "
-            f"{report.resume_command(run_dir)}", file=sys.stderr)
+        say(f"interrupted: every process this run started has been stopped; continue it with:\n"
+            f"  {report.resume_command(run_dir)}", file=sys.stderr)
         return 130
     return 0 if ended.failure is None else 1
 
@@ -542,14 +472,17 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
     from local.stack import LocalStack
 
-    workdir, progress = run_dir / "work", Progress(args.quiet, run_dir / "logs", args.verbose)
+    workdir, progress = run_dir / "work", console.Progress(args.quiet, run_dir / "logs", args.verbose)
     previous = {name: StepRecord(**rec) for name, rec in plan.previous.items()}
 
-    def on_status(rec: StepRecord) -> None:
-        progress.status(rec)  # the records so far over the interrupted run's: a resume may be interrupted too
-        files.write_json(run_dir / STEPS_FILE, {**plan.previous, **{n: asdict(r) for n, r in ended.records.items()}})
-
     with LocalStack(log_path=run_dir / "training-session-service.log", state_dir=run_dir / "service-state") as stack:
+        def on_status(rec: StepRecord) -> None:
+            if rec.status == "Failed":  # a dead service fails the step that calls it: said first, not the model
+                rec.message = report.blame_dead_service(rec.message, stack.service_exit())
+            progress.status(rec)  # the records so far over the interrupted run's: a resume may be interrupted too
+            records = {n: asdict(r) for n, r in ended.records.items()}
+            files.write_json(run_dir / STEPS_FILE, {**plan.previous, **records})
+
         say(f"local-run {run_dir.name}: moto {stack.moto_url}, training-session service {stack.service_url}")
         env = {**stack.env(), **tracking_env}
         uris = upload_dataset(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
@@ -558,11 +491,11 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
         execution = LocalExecution(definition, params, stack.s3(), workdir, env, execution_id=run_dir.name,
                                    pipeline_name=pipeline_name, on_line=progress.line, on_status=on_status,
                                    records=ended.records, log_dir=run_dir / "logs", previous=previous)
-        progress.about = announcements(execution.values)
+        progress.about = console.announcements(execution.values)
         try:
             execution.run()
         except PipelineFailed as exc:
-            ended.failure = exc
+            ended.failure = PipelineFailed(exc.step, report.blame_dead_service(exc.message, stack.service_exit()))
         except KeyboardInterrupt:  # the step was stopped (SIGTERM: it stopped its session); collect what is left
             ended.interrupted = True
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from local import report, run
+from local import console, report, run
 from local.pipeline_runner import LocalExecution, PipelineFailed
+from local.stack import ROOT
 from steps import evaluate
 from steps.cli import Refused
 from steps.config import config_from_dict, load_yaml
@@ -392,7 +394,7 @@ def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run
     out = "".join(lines) + out
     assert proc.returncode == 1 and failed_after < 30, failed_after
     [failed] = [line for line in out.splitlines() if line.startswith("[TrainDAPO] Failed")]
-    reason = re.search(r"Failed in [0-9.]+s: exit code 1: (error: .*) \(whole log: .*\)$", failed).group(1)
+    reason = re.search(r"Failed in [0-9.]+s: .*?exit code 1: (error: .*) \(whole log: .*\)$", failed).group(1)
     assert reason.startswith("error: the training session failed (ServiceUnreachable: the training-session service "
                              "at http://127.0.0.1:") and "has not answered for" in reason
     assert "could not be stopped from here" in reason and "|" not in reason  # the one line, nothing after it
@@ -401,12 +403,24 @@ def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run
     assert "Event loop is closed" in (run_dir / "logs" / "TrainDAPO.log").read_text() or \
         "Traceback" in (run_dir / "logs" / "TrainDAPO.log").read_text()  # kept there, whole
     summary = (run_dir / "summary.txt").read_text()
-    assert f"== local run {run_dir.name} " in out and "outcome: FAILED at TrainDAPO: exit code 1: error:" in summary
+    # The step's failure says first that the service died (its own error only says what it could not reach) ...
+    died = "the local training-session service died (exit code -9), so the step failed: exit code 1: error:"
+    assert "[TrainDAPO] Failed in " in failed and f": {died}" in failed
+    assert f"== local run {run_dir.name} " in out
+    assert f"outcome: FAILED at TrainDAPO: {died}" in " ".join(summary.split())
     assert "note: the training-session service exited during the run (exit code -9)" in summary
+    # ... and the resume command is one line of its own, whatever its width, which runs as printed: the entry
+    # point's own parser and plan read it as this run, with its parameters (a resume refuses anything else).
+    [command] = [line.strip() for line in out.splitlines() if line.strip().startswith(".venv/bin/python -m")]
+    assert out.split(command)[0].rstrip().endswith("continue it with:")
+    program, module, *argv = shlex.split(command)
+    assert (program, module) == (".venv/bin/python", "-m") and argv[0] == "local.run" and (ROOT / program).exists()
+    resumed = run.resume_plan(run.parse_args(argv[1:]))
+    assert resumed.run_id == run_dir.name and resumed.params == json.loads((run_dir / "run.json").read_text())["params"]
     assert "training sessions: unknown" in summary
     [mlflow_run] = _mlflow_runs(tmp_path)
     assert mlflow_run.info.status == "FAILED" and f"mlflow: run {mlflow_run.info.run_id} (FAILED)" in summary
-    assert mlflow_run.data.tags["local_run.outcome"].startswith("failed at TrainDAPO: exit code 1: error:")
+    assert mlflow_run.data.tags["local_run.outcome"].startswith(f"failed at TrainDAPO: {died}")
 
 
 @pytest.mark.slow
@@ -501,5 +515,5 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
 
 
 def test_the_gates_announcement_lists_its_four_conditions():
-    said = run.announcements({"AccuracyThreshold": 0.2, "MinImprovement": 0.0})["CheckAccuracy"]
+    said = console.announcements({"AccuracyThreshold": 0.2, "MinImprovement": 0.0})["CheckAccuracy"]
     assert said == "accuracy >= 0.2, improvement's 95% lower bound >= 0.0, >= 1 optimizer step, no guard stop?"
