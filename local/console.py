@@ -10,55 +10,19 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-WIDTH = 100
-#: A wrapped line's continuation: indented under its first line, a little further.
-CONTINUATION = "    "
+from steps.terminal import WIDTH, fit
 
 
 def fields(line: str) -> dict[str, str]:
     """``"train: step=3 reward_mean=0.42 ..."`` -> ``{"step": "3", "reward_mean": "0.42", ...}``."""
     _, _, rest = line.partition(": ")
     return dict(word.split("=", 1) for word in rest.split() if "=" in word)
-
-
-#: How a command the user may copy begins: such a line is never wrapped, whatever its width (a command broken
-#: over two lines runs as two commands when pasted).
-COMMANDS = ("make ", ".venv/bin/python ", "python -m ", "mlflow ui ")
-#: A command inside a sentence: from its first word to the next ";", "(", ")", ", " or ". ", or the line's end.
-_INLINE = re.compile(r"(?:^|(?<=\s))(?:" + "|".join(re.escape(c) for c in COMMANDS) + r")[^;()]*?(?=[;()]|, |\. |\s*$)")
-_JOINED = "\x00"  # a space textwrap must not break at: inside an inline command
-
-
-def whole(line: str) -> bool:
-    """A line :func:`fit` leaves as it is however wide: a command to copy, or one word (a path, an ARN)."""
-    stripped = line.strip()
-    return stripped.startswith(COMMANDS) or " " not in stripped
-
-
-def fit(text: str, width: int = WIDTH) -> list[str]:
-    """``text`` (one line or several) in lines of at most ``width`` columns: each wrapped at spaces, its
-    continuation lines indented under it. Nothing is cut inside a word: a word that cannot fit (a long path)
-    gets a line of its own; a command to copy stays on one line (a line of its own when it begins the line,
-    else moved whole to the next line)."""
-    out: list[str] = []
-    for line in text.split("\n"):
-        if len(line) <= width or whole(line):
-            out.append(line)
-            continue
-        lead = line[:len(line) - len(line.lstrip())]
-        joined = _INLINE.sub(lambda m: m.group(0).replace(" ", _JOINED), line.lstrip())
-        out += [wrapped.replace(_JOINED, " ") for wrapped in
-                textwrap.wrap(joined, width=width, initial_indent=lead, subsequent_indent=lead + CONTINUATION,
-                              break_long_words=False, break_on_hyphens=False)]
-    return out
 
 
 def _number(text: str | None, spec: str) -> str:

@@ -34,8 +34,9 @@ from local import console
 from local.console import say
 from local.sample import keep_only_the_adapter
 from local.stack import ROOT
-from steps.cli import Refused, parse_pairs
+from steps.cli import Refused, option, parameter, parse_pairs
 from steps.config import RunConfig, config_from_dict, load_yaml
+from steps.config.load import task_name_problem
 from steps.config.parameters import PARAMETERS
 from steps.platform import files
 
@@ -145,8 +146,8 @@ def check_params(params: dict[str, str], config: str) -> RunConfig:
 
     for name in DATA_PARAMETERS:
         if name in params:
-            raise Refused(f"--param {name}: the local run uploads its own toy data and sets {name} itself; "
-                          "use --train-rows, --eval-rows and --seed to shape it")
+            raise Refused(f"{parameter(name)}: the local run uploads its data and sets {name} itself; your own "
+                          f"files: {option('--data', '<dir>')}; the toy data's size: --train-rows, --eval-rows, --seed")
     return check(params, {p.name: p.kind for p in PARAMETERS}, config)
 
 
@@ -156,15 +157,20 @@ def fresh_plan(args: argparse.Namespace) -> Plan:
     params = parse_pairs(args.param, "--param", "BatchSize=64")
     if args.task is not None:
         if params.get("Task", args.task) != args.task:
-            raise Refused(f"--task {args.task} and --param Task={params['Task']}: give the task once")
+            raise Refused(f"{option('--task', args.task)} and {parameter('Task', params['Task'])}: give the task once")
         params["Task"] = args.task
+    if "Task" in params:  # a misspelled task, named as typed, before the config's own error
+        typed = option("--task", args.task) if args.task is not None else parameter("Task", params["Task"])
+        problem = task_name_problem(params["Task"], typed)
+        if problem:
+            raise Refused(problem)
     plan = Plan(config=args.config or DEFAULT_CONFIG, params=params, data=args.data,
                 **{k: v if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS.items()})
     if args.data is not None:
         shaped = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
         if shaped:
-            raise Refused(f"--data {args.data}: the run trains on your files; {' and '.join(shaped)} shape the "
-                          "generated toy data only, drop them")
+            raise Refused(f"{option('--data', args.data)}: the run trains on your files; {' and '.join(shaped)} "
+                          "shape the generated toy data only, drop them")
         data_files(args.data)
     elif plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
         raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
@@ -181,7 +187,10 @@ def data_files(directory: str) -> dict[str, Path]:
     refused before anything is created."""
     from pipeline.data import source_files
 
-    return source_files(Path(directory))
+    try:
+        return source_files(Path(directory))
+    except Refused as exc:  # `make data`'s words: SOURCE= is not what a local run's user typed
+        raise Refused(str(exc).replace(f"SOURCE={directory}", option("--data", directory), 1)) from None
 
 
 def task_of(run_config: RunConfig, toy_data: bool) -> Any:
@@ -197,7 +206,8 @@ def task_of(run_config: RunConfig, toy_data: bool) -> Any:
             task.read(row, task.fields_for(row))
         except ValueError:
             raise Refused(f"task {task.name}: the generated toy data is GSM8K's format (answers end '#### N'), which "
-                          f"this task cannot read; give your own files in its format with --data DIR") from None
+                          f"this task cannot read; give your own files in its format: {option('--data', '<dir>')}") \
+                from None
     return task
 
 
@@ -221,7 +231,7 @@ def check_batch_size(batch_size: int, train_rows: int) -> None:
     ValidateData after the stack is up (the toy's row count is known before it is generated)."""
     if batch_size > train_rows:
         raise Refused(f"BatchSize {batch_size} is larger than the toy train split ({train_rows} rows, --train-rows): "
-                      f"lower BatchSize (--param BatchSize=N) or raise --train-rows")
+                      f"lower BatchSize ({parameter('BatchSize', 'N')}) or raise --train-rows")
 
 
 def resume_plan(args: argparse.Namespace) -> Plan:
@@ -233,8 +243,8 @@ def resume_plan(args: argparse.Namespace) -> Plan:
     checkpoint dir under work/, put back in S3; the model packages it names are in service-state/)."""
     given = [f"--{k.replace('_', '-')}" for k in ("config", *DEFAULTS, "data", "task") if getattr(args, k) is not None]
     if args.param or given:
-        raise Refused(f"--resume {args.resume} runs with the parameters and data the run started with; "
-                      f"drop {' '.join(given + ['--param'] * bool(args.param))}")
+        raise Refused(f"{option('--resume', args.resume)} runs with the parameters and data the run started with; "
+                      f"drop {' '.join(option(flag) for flag in given + ['--param'] * bool(args.param))}")
     run_dir = Path(args.runs_dir) / args.resume
     if not (run_dir / RUN_FILE).is_file():
         runs = sorted(p.parent.name for p in Path(args.runs_dir).glob(f"*/{RUN_FILE}"))
@@ -382,11 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return reevaluate(args, LocalRun(check_params, console.Progress, console.announcements, run_log, _bucket_of,
                                          ("config", "resume", *DEFAULTS), RUN_FILE, STEPS_FILE))
     if args.eval_data is not None:
-        raise Refused(f"--eval-data {args.eval_data} is new held-out data for a re-evaluation: add --reevaluate "
-                      "RUN_ID (a new run takes its data with --data DIR)")
+        raise Refused(f"{option('--eval-data', args.eval_data)} is new held-out data for a re-evaluation: add "
+                      f"{option('--reevaluate', '<run id>')} (a new run takes its data with "
+                      f"{option('--data', '<dir>')})")
     if args.update_approval:
-        raise Refused("--update-approval is for a re-evaluation (--reevaluate RUN_ID): a run's own verdict always "
-                      "sets its new package's approval status")
+        raise Refused(f"{option('--update-approval')} is for a re-evaluation ({option('--reevaluate', '<run id>')}): a "
+                      "run's own verdict always sets its new package's approval status")
     plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
     run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
     with run_log(run_dir / "local-run.log"):

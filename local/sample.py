@@ -97,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sample.try_adapter(cfg, request)
 
     require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
-    return run_step(body, hint=lambda: "nothing is left running: the local service and its session were stopped")
+    return run_step(body, hint=lambda: "nothing is left running: the local service and its session were stopped",
+                    terminal=True)
 
 
 if __name__ == "__main__":

@@ -122,3 +122,16 @@ def test_the_paired_evaluation_and_the_approval_read_in_a_line_or_two():
     assert " ".join(shown).split() == ("[ApproveModel] approve: arn:aws:sagemaker:r:1:model-package/g/5 approved: "
                                        "Approved by the pipeline; ... (all of it: logs/ApproveModel.log)").split()
     assert all(len(line) <= 100 for line in shown)
+
+
+def test_no_library_advice_reaches_the_terminal_of_make_sample():
+    """transformers says "PyTorch was not found" on import (only its tokenizers are used): make sample's logging
+    setup (pipeline/sample.py quiet_logging, before the tokenizer's import) keeps it off."""
+    import subprocess
+    import sys
+
+    from local.stack import ROOT
+
+    code = "from pipeline.sample import quiet_logging; quiet_logging(); import transformers"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout + proc.stderr == "", proc.stderr

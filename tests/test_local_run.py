@@ -79,7 +79,7 @@ def test_help_lists_every_parameter_with_meaning_and_default_and_every_option_ha
     ("BatchSize=x", "parameter BatchSize='x': must be integer"),
     ("SelectiveRollouts=1", "parameter SelectiveRollouts='1': must be true or false"),
     ("BatchSize=0", "'dapo.batch_size' must be >= 1, got 0"),
-    ("TrainDataS3Uri=s3://b/x/", "the local run uploads its own toy data"),
+    ("TrainDataS3Uri=s3://b/x/", "the local run uploads its data and sets TrainDataS3Uri itself"),
     ("MaxSteps", "expected NAME=VALUE"),
 ])
 def test_a_bad_param_is_refused_before_anything_is_built_or_created(tmp_path, param, message):

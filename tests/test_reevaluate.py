@@ -73,7 +73,8 @@ def sample_prints_the_adapters_completions_and_stops_its_session(run_dir: Path, 
     assert out.count("--- completion ") == 2 and "--- completion 2 of 2: " in out
     session = out.split("sample: training session ", 1)[1].split()[0]
     assert f"sample: training session {session} stopped" in out
-    assert f"source=service session={session}" in out  # the bill, read once the session was stopped
+    assert f"source=service session={session}" in " ".join(out.split())  # the bill, read once the session stopped
+    assert all(len(line) <= 100 for line in out.splitlines())  # a person's terminal: the ARNs' lines wrapped
 
 
 def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path, capsys) -> None:
@@ -465,9 +466,10 @@ def test_sample_a_package_in_a_session_of_its_own_and_stop_it(adapter, local_ser
     assert code == 0, out
     (name, status), = _sessions(local_service, before).items()
     assert status == "Stopped" and f"sample: training session {name} stopped" in out
-    assert out.count("--- completion ") == 3 and f"3 completion(s) of {adapter}" in out
-    assert re.search(rf"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service session={name} ",
-                     out, re.M)
+    flat = " ".join(out.split())  # wrapped at 100 columns, read as one
+    assert out.count("--- completion ") == 3 and f"3 completion(s) of {adapter}" in flat
+    assert re.search(rf"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service", out, re.M)
+    assert f" source=service session={name} " in flat
 
 
 def test_sample_stops_its_session_when_sampling_fails(adapter, local_service, capsys):
