@@ -468,7 +468,7 @@ def test_sample_a_package_in_a_session_of_its_own_and_stop_it(adapter, local_ser
     assert status == "Stopped" and f"sample: training session {name} stopped" in out
     flat = " ".join(out.split())  # wrapped at 100 columns, read as one
     assert out.count("--- completion ") == 3 and f"3 completion(s) of {adapter}" in flat
-    assert re.search(rf"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service", out, re.M)
+    assert re.search(r"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service", out, re.M)
     assert f" source=service session={name} " in flat
 
 
