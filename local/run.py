@@ -248,13 +248,13 @@ def resume_plan(args: argparse.Namespace) -> Plan:
     run_dir = Path(args.runs_dir) / args.resume
     if not (run_dir / RUN_FILE).is_file():
         runs = sorted(p.parent.name for p in Path(args.runs_dir).glob(f"*/{RUN_FILE}"))
-        raise Refused(f"--resume {args.resume}: {run_dir / RUN_FILE} does not exist; the runs there: "
+        raise Refused(f"{option('--resume', args.resume)}: {run_dir / RUN_FILE} does not exist; the runs there: "
                       f"{', '.join(runs) or 'none'}")
     # What a resume cannot do without: a damaged one is refused in one line (steps/platform/files.py).
     again = f"Start a new run: make local-run (this run's parameters are in {run_dir / 'logs'})."
     kept = files.read_json(run_dir / RUN_FILE, again)
     if kept.get("outcome") == "succeeded":
-        raise Refused(f"--resume {args.resume}: that run succeeded; there is nothing left to run")
+        raise Refused(f"{option('--resume', args.resume)}: that run succeeded; there is nothing left to run")
     steps = run_dir / STEPS_FILE
     previous = files.read_json(steps, f"Delete it to run every step again: make local-run RESUME={args.resume}") \
         if steps.exists() else {}

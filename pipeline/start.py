@@ -39,7 +39,7 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
         if name not in declared:
             # A short first line; the full list wrapped on the lines after it (16 names: some 200 characters).
             listed = textwrap.wrap(f"the pipeline has: {', '.join(declared)}", width=96, initial_indent="  ",
-                                   subsequent_indent="    ")
+                                   subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
             raise UserError("\n".join([f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)}",
                                         *listed]))
         try:  # as the service types it (a Boolean is true or false, not 1 or 0)

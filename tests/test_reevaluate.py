@@ -232,8 +232,8 @@ def fake_finished_run(runs: Path) -> Path:
     (["--param", "MaxSteps=5"], "read only by TrainDAPO"),
     (["--param", "MinImprovement=2"], "'pipeline.min_improvement' must be"),
     (["--train-rows", "10"], "drop --train-rows"),
-    (["--param", "EvalDataS3Uri=s3://b/new/"], "--param EvalDataS3Uri: a local re-evaluation takes new held-out "
-                                                "data as a file or folder: --eval-data PATH"),
+    (["--param", "EvalDataS3Uri=s3://b/new/"], "--param EvalDataS3Uri=...: a local re-evaluation takes new held-out "
+                                                "data as a file or folder: --eval-data <path>"),
     (["--eval-data", "/nonexistent/heldout"], "--eval-data /nonexistent/heldout: no such file or directory"),
 ])
 def test_reevaluation_refuses_what_it_would_ignore_before_creating_anything(tmp_path, args, message):

@@ -101,7 +101,8 @@ def unknown(what: str, name: str, known: Iterable[str], listed: str, shown: Iter
     match = next((k for k in known if close and k.lower() == close[0].lower()), None)
     first = f"{what} '{name}'" + (f"; did you mean '{match}'?" if match else "")
     everything = textwrap.wrap(f"{listed}: {', '.join(shown if shown is not None else known)}", width=96,
-                               initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                               initial_indent="  ", subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)
     return "\n".join([first, *everything])
 
 
