@@ -84,7 +84,8 @@ def _message(section: str, error: dict[str, Any], model: type[Section], source: 
     elif kind == "literal_error":
         allowed = [str(a) for a in field.annotation.__args__]
         close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
-        rule = "must be one of " + ", ".join(allowed) + (f" (did you mean '{close[0]}'?)" if close else "")
+        guess = f"; did you mean '{close[0]}'?" if close else ""
+        return f"{source}: {key} must be one of {', '.join(allowed)}, got {value!r}{guess}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         rule = _bounds(field) + (f" ({extra['why']})" if "why" in extra else "")
     else:
