@@ -269,7 +269,6 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
             sessions: list[dict[str, Any]] | None, before: dict[str, Any] | None, after: dict[str, Any] | None,
             seconds: float) -> str:
     """The re-evaluation in a screenful, also written to summary.txt."""
-
     original = files.read_json(rv.run_dir / "run.json", "Train a new run.")["params"]
     lines = [f"== re-evaluation {rv.number} of local run {rv.run_dir.name} ({seconds:.0f}s) ==",
              f"  parameters: {overrides_text(rv.params)} (the run's: {overrides_text(original)})"]

@@ -190,7 +190,7 @@ def data_files(directory: str) -> dict[str, Path]:
     try:
         return source_files(Path(directory))
     except Refused as exc:  # `make data`'s words: SOURCE= is not what a local run's user typed
-        raise Refused(str(exc).replace(f"SOURCE={directory}", option("--data", directory), 1)) from None
+        raise Refused(str(exc).replace(f"SOURCE={Path(directory)}", option("--data", directory), 1)) from None
 
 
 def task_of(run_config: RunConfig, toy_data: bool) -> Any:
