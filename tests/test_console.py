@@ -135,3 +135,28 @@ def test_no_library_advice_reaches_the_terminal_of_make_sample():
     code = "from pipeline.sample import quiet_logging; quiet_logging(); import transformers"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout + proc.stderr == "", proc.stderr
+
+
+def test_every_failure_a_resume_can_mend_prints_the_resume_command_on_a_line_of_its_own(tmp_path):
+    """A job step's failure, a step the dead service failed (even a refusal: the service, not the input, failed)
+    and the runner's own; not a refusal of the input, nor the gate's verdict, which a resume would repeat."""
+    from local import report
+    from local.pipeline_runner import PipelineFailed, StepRecord
+
+    run_dir = tmp_path / "runs" / "20261204-184207-a3f2"
+    command = report.resume_command(run_dir)
+
+    def outcome(step: str, kind: str | None, message: str) -> str:
+        records = {step: StepRecord(step, kind, "Failed", message)} if kind else {}
+        return report.outcome(run_dir, records, PipelineFailed(step, message), interrupted=False)
+
+    dead = report.blame_dead_service("exit code 2: error: the session was not found", -9)
+    assert dead.startswith("the local training-session service died (exit code -9), so the step failed: exit code 2")
+    mended = (outcome("TrainDAPO", "Training", "exit code 1: error: x"), outcome("EvaluateModel", "Processing", dead),
+              outcome("local run", None, "OSError: no port"))
+    for text in mended:
+        assert text.endswith(f"; continue it with:\n    {command}")
+        assert console.fit(f"  outcome: {text}")[-1] == f"    {command}"  # one line, whatever its width
+    for repeated in (outcome("ValidateData", "Processing", "exit code 2: error: refused"),
+                     outcome("AccuracyTooLow", "Fail", "Not approved: accuracy 0.1 below 0.5")):
+        assert command not in repeated
