@@ -16,8 +16,10 @@ DATA ?=
 TASK ?=
 # The folder of your task.grader's module, baked into the image (containers/Dockerfile's task_code stage).
 TASK_CODE ?=
-# The local run's config instead of config/local.yaml (e.g. a copy with your task section).
+# CONFIG=<file> given on the command line (or in the environment) serves every target: check-task, sample and
+# local-run read it too (local-run's default stays config/local.yaml). LOCAL_CONFIG: its older name for local-run.
 LOCAL_CONFIG ?=
+GIVEN_CONFIG = $(or $(LOCAL_CONFIG),$(if $(filter file,$(origin CONFIG)),,$(CONFIG)))
 # make sample: the adapter (a model package ARN, or a local run id) and what to ask it.
 MODEL ?=
 PROMPT ?=
@@ -37,6 +39,8 @@ IMAGE_TAG ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 MLFLOW_PORT ?= 5000
 
 .DEFAULT_GOAL := help
+# Messages name settings as typed here (DATA=, PARAMS="BatchSize=8"), not as the commands' options (steps/cli.py).
+local-run check-task sample data deploy-pipeline start-pipeline reevaluate sessions stop-orphans: export DAPO_CALLER = make
 .PHONY: help install test local-run check-task mlflow-ui pipeline-definition deploy-pipeline start-pipeline sessions \
         stop-orphans build-image push-image data bench clean sample reevaluate
 
@@ -59,13 +63,13 @@ test: install ## lint, then the whole offline test suite
 # RESUME=<run-id> continues an interrupted or failed run (runs/<run-id>/) with the parameters it started with.
 # REEVALUATE=<run id>: EvaluateModel and the gate again on that finished run, PARAMS="MinImprovement=0.1" changed,
 # EVAL_DATA=<file or dir> new held-out questions (those the adapter trained on are removed).
-local-run: install ## the pipeline here, offline; PARAMS="MaxSteps=5", DATA=dir TASK=name, VERBOSE=1, RESUME=<id>
-	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(LOCAL_CONFIG), --config $(LOCAL_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)$(if $(EVAL_DATA), --eval-data $(EVAL_DATA))$(if $(UPDATE_APPROVAL), --update-approval)
+local-run: install ## the pipeline here, offline; PARAMS="MaxSteps=5", DATA=dir TASK=name CONFIG=file, RESUME=<id>
+	$(BIN)/python -m local.run $(foreach p,$(PARAMS),--param $(p))$(if $(DATA), --data $(DATA))$(if $(TASK), --task $(TASK))$(if $(GIVEN_CONFIG), --config $(GIVEN_CONFIG))$(if $(REEVALUATE), --reevaluate $(REEVALUATE))$(if $(RESUME), --resume $(RESUME))$(if $(VERBOSE), --verbose)$(if $(EVAL_DATA), --eval-data $(EVAL_DATA))$(if $(UPDATE_APPROVAL), --update-approval)
 
 # Without DATA, a few generated toy rows (GSM8K's format) stand in.
 check-task: install ## three prompts of DATA=dir and the grader's verdict on their gold answers (TASK=name), offline
 	$(if $(DATA),,$(BIN)/python -m local.toy_data --out build/check-task --train 20 --eval 5 >/dev/null)
-	$(BIN)/python -m steps.tasks --check --config $(if $(wildcard $(CONFIG)),$(CONFIG),config/default.yaml) \
+	$(BIN)/python -m steps.tasks --check --config $(or $(GIVEN_CONFIG),$(wildcard $(CONFIG)),config/default.yaml) \
 		--data $(or $(DATA),build/check-task) $(if $(TASK),--task $(TASK))
 
 mlflow-ui: install ## the local runs' MLflow store (runs/mlflow.db) at http://127.0.0.1:5000 (MLFLOW_PORT=...)

@@ -3,49 +3,26 @@
 The steps print full ``key=value`` lines (steps/dapo/metrics.py): SageMaker's metric regexes read them from
 the job's log, and a local run keeps them whole in ``runs/<id>/logs/<step>.log``. Here they are only *rendered*
 for a person: a step's ``sampling:`` and ``train:`` lines become one line, and any other line is wrapped at
-:data:`WIDTH` (a word that does not fit, a long path say, goes on its own line; cut only if it is wider
-than the terminal itself).
+:data:`WIDTH` (a word that does not fit, a long path say, goes on its own line, whole; a command to copy is
+never wrapped). The local runner's own lines (:func:`say`) and its steps' (:class:`Progress`) are printed here.
 """
 from __future__ import annotations
 
+import logging
 import math
-import textwrap
+import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-WIDTH = 100
-#: A wrapped line's continuation: indented under its first line, a little further.
-CONTINUATION = "    "
+from steps.terminal import WIDTH, fit
 
 
 def fields(line: str) -> dict[str, str]:
     """``"train: step=3 reward_mean=0.42 ..."`` -> ``{"step": "3", "reward_mean": "0.42", ...}``."""
     _, _, rest = line.partition(": ")
     return dict(word.split("=", 1) for word in rest.split() if "=" in word)
-
-
-def fit(text: str, width: int = WIDTH) -> list[str]:
-    """``text`` (one line or several) in lines of at most ``width`` columns: each wrapped at spaces, its
-    continuation lines indented under it; a word that cannot fit (a long path) gets a line of its own."""
-    out: list[str] = []
-    for line in text.split("\n"):
-        if len(line) <= width:
-            out.append(line)
-            continue
-        lead = line[:len(line) - len(line.lstrip())]
-        for wrapped in textwrap.wrap(line.lstrip(), width=width, initial_indent=lead,
-                                     subsequent_indent=lead + CONTINUATION, break_long_words=False,
-                                     break_on_hyphens=False):
-            out += _split(wrapped, width, lead + CONTINUATION)
-    return out
-
-
-def _split(line: str, width: int, indent: str) -> list[str]:
-    """A line that is one word too long for any line (an ARN, a deep path; textwrap gave it a line of its
-    own): cut at the width, the rest indented, so that nothing is wider than the terminal."""
-    if len(line) <= width:
-        return [line]
-    room = max(width - len(indent), 20)
-    return [line[:width]] + [indent + line[i:i + room] for i in range(width, len(line), room)]
 
 
 def _number(text: str | None, spec: str) -> str:
@@ -114,3 +91,74 @@ class StepLines:
         if line.startswith("approve: ") and "; " in line:  # the package's whole description: in the step's log
             return fit(f"[{step}] {line.split('; ', 1)[0]}; ... (all of it: logs/{step}.log)", self.width)
         return fit(f"[{step}] {line}", self.width)
+
+
+# -- the local run's own lines and its steps' ----------------------------------------------
+def announcements(values: dict[str, Any]) -> dict[str, str]:
+    """What each step does with this run's values, said when it starts."""
+    size = values.get("EvalSize")
+    questions = "every held-out question" if not size else f"the first {size} held-out questions"
+    return {
+        "ValidateData": "checks the train and held-out JSONL",
+        "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
+                      f"{values.get('GroupSize')} completions"),
+        "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",
+        "CheckAccuracy": f"accuracy >= {values.get('AccuracyThreshold')}, improvement's 95% lower bound >= "
+                         f"{values.get('MinImprovement')}, >= 1 optimizer step, no guard stop?",
+        "ApproveModel": "writes the evaluation onto the model package and approves it",
+        "RecordRejection": "writes the evaluation and the failed conditions onto the model package, Rejected",
+    }
+
+
+#: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log); by default a
+#: step's sampling: and train: lines are shown as one compact line (:func:`fit`), with --verbose as printed.
+SHOWN = ("forecast:", "sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
+
+
+def say(text: str, file: Any = None) -> None:
+    """One of the run's own messages, within the terminal's 100 columns (:func:`fit`); local-run.log
+    keeps it too, timestamped, among the runner's warnings and tracebacks."""
+    print("\n".join(fit(text)), file=file or sys.stdout, flush=True)
+    logging.getLogger("local.run").info("%s", text)
+
+
+class Progress:
+    """Step status lines, and the steps' own prefixed lines: compact and within 100 columns, or (``verbose``)
+    the steps' full lines as they printed them."""
+
+    def __init__(self, quiet: bool, log_dir: Path, verbose: bool = False) -> None:
+        self.quiet = quiet
+        self.verbose = verbose
+        self.log_dir = log_dir
+        self.started: dict[str, float] = {}
+        self.about: dict[str, str] = {}
+        self.rendered = StepLines()
+
+    def _print(self, text: str) -> None:
+        if self.verbose:
+            print(text, flush=True)
+            logging.getLogger("local.run").info("%s", text)
+        else:
+            say(text)
+
+    def status(self, rec: Any) -> None:
+        if rec.status == "Executing":
+            self.started[rec.name] = time.monotonic()
+            about = f": {self.about[rec.name]}" if rec.name in self.about else ""
+            self._print(f"[{rec.name}] started ({rec.type}){about}")
+            return
+        took = f" in {time.monotonic() - self.started[rec.name]:.1f}s" if rec.name in self.started else ""
+        extra = f": {rec.message}" if rec.message else ""
+        log = self.log_dir / f"{rec.name}.log"
+        if rec.status == "Failed" and log.exists():
+            extra += f" (whole log: {log})"
+        self._print(f"[{rec.name}] {rec.status}{took}{extra}")
+
+    def line(self, step: str, line: str) -> None:
+        if not (line.startswith(("error:", "stopped:")) or (not self.quiet and line.startswith(SHOWN))):
+            return
+        if self.verbose:
+            print(f"[{step}] {line}", flush=True)
+            return
+        for shown in self.rendered.render(step, line):
+            print(shown, flush=True)

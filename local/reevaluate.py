@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from local import console
+from local import console, report
 from local.sample import SERVICE_STATE, finished_run
 from pipeline.aws import UserError
 from pipeline.reevaluate import KEPT, approval, check_overrides, overrides_text, selected_steps
-from steps.cli import Refused, parse_pairs
+from steps.cli import Refused, option, parameter, parse_pairs
 from steps.gsm8k.data import DataError, jsonl_files
 from steps.platform import files
 
@@ -82,32 +82,33 @@ def say(text: str) -> None:
 
 
 def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
+    typed = option("--reevaluate", args.reevaluate)  # REEVALUATE=<id> from make
     given = [f"--{k.replace('_', '-')}" for k in local.fresh_options if getattr(args, k, None) is not None]
     if given:
-        raise Refused(f"--reevaluate {args.reevaluate} runs the run's own definition, data and config; drop "
+        raise Refused(f"{typed} runs the run's own definition, data and config; drop "
                       f"{' '.join(given)} (--param sets what changes)")
     run_dir, _ = finished_run(Path(args.runs_dir), args.reevaluate)
     kept_run = files.read_json(run_dir / local.run_file, "That run cannot be re-evaluated; train a new one.")
     if kept_run.get("outcome") not in ("succeeded", "failed"):
-        raise Refused(f"--reevaluate {args.reevaluate}: that run is {kept_run.get('outcome')}; re-evaluate a run that "
-                      f"ended (succeeded or failed), or continue it with python -m local.run --resume {run_dir.name}")
+        raise Refused(f"{typed}: that run is {kept_run.get('outcome')}; re-evaluate a run that "
+                      f"ended (succeeded or failed), or continue it with: {report.resume_command(run_dir)}")
     steps_file = run_dir / local.steps_file
     records = files.read_json(steps_file, "That run cannot be re-evaluated; train a new one.") \
         if steps_file.exists() else {}
     missing = [name for name in KEPT if (records.get(name) or {}).get("status") != "Succeeded"]
     if missing:
-        raise Refused(f"--reevaluate {args.reevaluate}: {' and '.join(missing)} did not succeed in that run, so there "
+        raise Refused(f"{typed}: {' and '.join(missing)} did not succeed in that run, so there "
                       "is no adapter to re-evaluate")
     definition = files.read_json(run_dir / "pipeline.json", "That run cannot be re-evaluated; train a new one.")
     params = parse_pairs(args.param, "--param", "MinImprovement=0.1")
     if HELD_OUT in params:
-        raise Refused(f"--param {HELD_OUT}: a local re-evaluation takes new held-out data as a file or folder: "
-                      f"--eval-data PATH (make local-run REEVALUATE={run_dir.name} EVAL_DATA=PATH)")
+        raise Refused(f"{parameter(HELD_OUT)}: a local re-evaluation takes new held-out data as a file or folder: "
+                      f"{option('--eval-data', '<path>')}")
     try:
         update, _ = approval({p["Name"] for p in definition.get("Parameters", [])}, params,
                              bool(getattr(args, "update_approval", False)))
     except UserError:
-        raise Refused(f"--reevaluate {args.reevaluate}: that run's definition has no UpdateApproval parameter (built "
+        raise Refused(f"{typed}: that run's definition has no UpdateApproval parameter (built "
                       "before it), so its ApproveModel and RecordRejection would set the model package's approval "
                       "status to the new verdict; to accept that, add UPDATE_APPROVAL=1 (--update-approval)") from None
     values = {**kept_run["params"], **params, **update}
@@ -188,7 +189,6 @@ def reevaluate(args: argparse.Namespace, local: LocalRun) -> int:
 
 
 def _run(rv: Reevaluation, out: Path, args: argparse.Namespace, local: LocalRun) -> int:
-    from local import report
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
     from local.stack import REGION, LocalStack
     from pipeline.config import load
@@ -269,8 +269,6 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
             sessions: list[dict[str, Any]] | None, before: dict[str, Any] | None, after: dict[str, Any] | None,
             seconds: float) -> str:
     """The re-evaluation in a screenful, also written to summary.txt."""
-    from local import report
-
     original = files.read_json(rv.run_dir / "run.json", "Train a new run.")["params"]
     lines = [f"== re-evaluation {rv.number} of local run {rv.run_dir.name} ({seconds:.0f}s) ==",
              f"  parameters: {overrides_text(rv.params)} (the run's: {overrides_text(original)})"]
@@ -279,7 +277,8 @@ def summary(rv: Reevaluation, out: Path, records: dict[str, Any], failure: Any, 
     lines += held_out_lines(rv, out)
     lines += report.evaluation_lines(out)
     if interrupted:
-        lines.append(f"  outcome: INTERRUPTED; start it again: python -m local.run --reevaluate {rv.run_dir.name}")
+        lines.append(f"  outcome: INTERRUPTED; start it again:\n"
+                     f"    {report.resume_command(rv.run_dir, '--reevaluate')}")
     elif failure is not None and failure.step != "AccuracyTooLow":
         lines.append(f"  outcome: FAILED at {failure.step}: {failure.message}")
     else:

@@ -211,14 +211,15 @@ def training_lines(run_dir: Path) -> list[str]:
     return lines
 
 
-def resume_command(run_dir: Path) -> str:
-    """The command that continues the run, from the shell `make local-run` was typed in (no venv active):
-    make's for the project's runs/, else the project venv's python with the run's --runs-dir."""
+def resume_command(run_dir: Path, option: str = "--resume") -> str:
+    """The command that continues the run (``option`` "--reevaluate": that evaluates it again), from the shell
+    `make local-run` was typed in (no venv active): make's for the project's runs/, else the project venv's python
+    with the run's --runs-dir. Printed on a line of its own, it is never wrapped (local/console.py)."""
     from local.stack import ROOT
 
     if run_dir.parent.resolve() == (ROOT / "runs").resolve():
-        return f"make local-run RESUME={run_dir.name}"
-    return f".venv/bin/python -m local.run --runs-dir {run_dir.parent} --resume {run_dir.name}"
+        return f"make local-run {option.lstrip('-').upper()}={run_dir.name}"
+    return f".venv/bin/python -m local.run --runs-dir {run_dir.parent} {option} {run_dir.name}"
 
 
 def sampled_per_trained_lines(steps: Sequence[dict[str, Any]]) -> list[str]:
@@ -236,7 +237,7 @@ def sampled_per_trained_lines(steps: Sequence[dict[str, Any]]) -> list[str]:
 
 def outcome(run_dir: Path, records: dict[str, Any], failure: Any, interrupted: bool) -> str:
     """Succeeded, failed where and why, or interrupted; with the resume command where resuming can help."""
-    resume = f"; continue it with: {resume_command(run_dir)}"
+    resume = f"; continue it with:\n    {resume_command(run_dir)}"  # on a line of its own: never wrapped
     return ("INTERRUPTED" + resume if interrupted else "succeeded, model approved" if failure is None
             else f"FAILED at {failure.step}: {failure.message}"
             + (resume if _resumable(records.get(failure.step), failure.message) else ""))
@@ -317,8 +318,24 @@ def package_version_note(arn: str) -> str:
 
 
 def _resumable(record: Any, message: str) -> bool:
-    """A job step that failed, other than refusing its input (exit code 2: it would refuse it again)."""
+    """A job step that failed, other than refusing its input (exit code 2: it would refuse it again), a step the
+    dead service failed, or the runner itself (the stack did not start, say): a resume can do better."""
+    if record is None or message.startswith(SERVICE_DIED):
+        return True
     return getattr(record, "type", "") in ("Training", "Processing") and not message.startswith("exit code 2:")
+
+
+#: How a step failure begins when the local training-session service had died (local/run.py): the service, not
+#: the model or the data, is what failed.
+SERVICE_DIED = "the local training-session service died"
+
+
+def blame_dead_service(message: str, exit_code: int | None) -> str:
+    """A failed step's message, saying first that the service it called had died (``exit_code``: the service's,
+    None while it runs): the step's own error then only reports what it could not reach."""
+    if exit_code is None or message.startswith(SERVICE_DIED):
+        return message
+    return f"{SERVICE_DIED} (exit code {exit_code}), so the step failed: {message}"
 
 
 def _with_interval(metric: dict[str, Any]) -> str:

@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from local import console
+from local.console import say
 from local.sample import keep_only_the_adapter
 from local.stack import ROOT
-from steps.cli import Refused, parse_pairs
+from steps.cli import Refused, option, parameter, parse_pairs
 from steps.config import RunConfig, config_from_dict, load_yaml
+from steps.config.load import task_name_problem
 from steps.config.parameters import PARAMETERS
 from steps.platform import files
 
@@ -144,8 +146,8 @@ def check_params(params: dict[str, str], config: str) -> RunConfig:
 
     for name in DATA_PARAMETERS:
         if name in params:
-            raise Refused(f"--param {name}: the local run uploads its own toy data and sets {name} itself; "
-                          "use --train-rows, --eval-rows and --seed to shape it")
+            raise Refused(f"{parameter(name)}: the local run uploads its data and sets {name} itself; your own "
+                          f"files: {option('--data', '<dir>')}; the toy data's size: --train-rows, --eval-rows, --seed")
     return check(params, {p.name: p.kind for p in PARAMETERS}, config)
 
 
@@ -155,15 +157,20 @@ def fresh_plan(args: argparse.Namespace) -> Plan:
     params = parse_pairs(args.param, "--param", "BatchSize=64")
     if args.task is not None:
         if params.get("Task", args.task) != args.task:
-            raise Refused(f"--task {args.task} and --param Task={params['Task']}: give the task once")
+            raise Refused(f"{option('--task', args.task)} and {parameter('Task', params['Task'])}: give the task once")
         params["Task"] = args.task
+    if "Task" in params:  # a misspelled task, named as typed, before the config's own error
+        typed = option("--task", args.task) if args.task is not None else parameter("Task", params["Task"])
+        problem = task_name_problem(params["Task"], typed)
+        if problem:
+            raise Refused(problem)
     plan = Plan(config=args.config or DEFAULT_CONFIG, params=params, data=args.data,
                 **{k: v if getattr(args, k) is None else getattr(args, k) for k, v in DEFAULTS.items()})
     if args.data is not None:
         shaped = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
         if shaped:
-            raise Refused(f"--data {args.data}: the run trains on your files; {' and '.join(shaped)} shape the "
-                          "generated toy data only, drop them")
+            raise Refused(f"{option('--data', args.data)}: the run trains on your files; {' and '.join(shaped)} "
+                          "shape the generated toy data only, drop them")
         data_files(args.data)
     elif plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
         raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
@@ -180,7 +187,10 @@ def data_files(directory: str) -> dict[str, Path]:
     refused before anything is created."""
     from pipeline.data import source_files
 
-    return source_files(Path(directory))
+    try:
+        return source_files(Path(directory))
+    except Refused as exc:  # `make data`'s words: SOURCE= is not what a local run's user typed
+        raise Refused(str(exc).replace(f"SOURCE={Path(directory)}", option("--data", directory), 1)) from None
 
 
 def task_of(run_config: RunConfig, toy_data: bool) -> Any:
@@ -196,7 +206,8 @@ def task_of(run_config: RunConfig, toy_data: bool) -> Any:
             task.read(row, task.fields_for(row))
         except ValueError:
             raise Refused(f"task {task.name}: the generated toy data is GSM8K's format (answers end '#### N'), which "
-                          f"this task cannot read; give your own files in its format with --data DIR") from None
+                          f"this task cannot read; give your own files in its format: {option('--data', '<dir>')}") \
+                from None
     return task
 
 
@@ -220,7 +231,7 @@ def check_batch_size(batch_size: int, train_rows: int) -> None:
     ValidateData after the stack is up (the toy's row count is known before it is generated)."""
     if batch_size > train_rows:
         raise Refused(f"BatchSize {batch_size} is larger than the toy train split ({train_rows} rows, --train-rows): "
-                      f"lower BatchSize (--param BatchSize=N) or raise --train-rows")
+                      f"lower BatchSize ({parameter('BatchSize', 'N')}) or raise --train-rows")
 
 
 def resume_plan(args: argparse.Namespace) -> Plan:
@@ -232,18 +243,18 @@ def resume_plan(args: argparse.Namespace) -> Plan:
     checkpoint dir under work/, put back in S3; the model packages it names are in service-state/)."""
     given = [f"--{k.replace('_', '-')}" for k in ("config", *DEFAULTS, "data", "task") if getattr(args, k) is not None]
     if args.param or given:
-        raise Refused(f"--resume {args.resume} runs with the parameters and data the run started with; "
-                      f"drop {' '.join(given + ['--param'] * bool(args.param))}")
+        raise Refused(f"{option('--resume', args.resume)} runs with the parameters and data the run started with; "
+                      f"drop {' '.join(option(flag) for flag in given + ['--param'] * bool(args.param))}")
     run_dir = Path(args.runs_dir) / args.resume
     if not (run_dir / RUN_FILE).is_file():
         runs = sorted(p.parent.name for p in Path(args.runs_dir).glob(f"*/{RUN_FILE}"))
-        raise Refused(f"--resume {args.resume}: {run_dir / RUN_FILE} does not exist; the runs there: "
+        raise Refused(f"{option('--resume', args.resume)}: {run_dir / RUN_FILE} does not exist; the runs there: "
                       f"{', '.join(runs) or 'none'}")
     # What a resume cannot do without: a damaged one is refused in one line (steps/platform/files.py).
     again = f"Start a new run: make local-run (this run's parameters are in {run_dir / 'logs'})."
     kept = files.read_json(run_dir / RUN_FILE, again)
     if kept.get("outcome") == "succeeded":
-        raise Refused(f"--resume {args.resume}: that run succeeded; there is nothing left to run")
+        raise Refused(f"{option('--resume', args.resume)}: that run succeeded; there is nothing left to run")
     steps = run_dir / STEPS_FILE
     previous = files.read_json(steps, f"Delete it to run every step again: make local-run RESUME={args.resume}") \
         if steps.exists() else {}
@@ -267,77 +278,6 @@ def create_run_dir(runs_dir: Path, clock: Callable[[], float] = time.time,
             return run_dir
         except FileExistsError:
             continue
-
-
-# -- what the console shows ------------------------------------------------------------
-def announcements(values: dict[str, Any]) -> dict[str, str]:
-    """What each step does with this run's values, said when it starts."""
-    size = values.get("EvalSize")
-    questions = "every held-out question" if not size else f"the first {size} held-out questions"
-    return {
-        "ValidateData": "checks the train and held-out JSONL",
-        "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
-                      f"{values.get('GroupSize')} completions"),
-        "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",
-        "CheckAccuracy": f"accuracy >= {values.get('AccuracyThreshold')}, improvement's 95% lower bound >= "
-                         f"{values.get('MinImprovement')}, >= 1 optimizer step, no guard stop?",
-        "ApproveModel": "writes the evaluation onto the model package and approves it",
-        "RecordRejection": "writes the evaluation and the failed conditions onto the model package, Rejected",
-    }
-
-
-#: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log); by default a
-#: step's sampling: and train: lines are shown as one compact line (local/console.py), with --verbose as printed.
-SHOWN = ("forecast:", "sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
-
-
-def say(text: str, file: Any = None) -> None:
-    """One of the run's own messages, within the terminal's 100 columns (local/console.py); local-run.log
-    keeps it too, timestamped, among the runner's warnings and tracebacks."""
-    print("\n".join(console.fit(text)), file=file or sys.stdout, flush=True)
-    logging.getLogger("local.run").info("%s", text)
-
-
-class Progress:
-    """Step status lines, and the steps' own prefixed lines: compact and within 100 columns, or (``verbose``)
-    the steps' full lines as they printed them."""
-
-    def __init__(self, quiet: bool, log_dir: Path, verbose: bool = False) -> None:
-        self.quiet = quiet
-        self.verbose = verbose
-        self.log_dir = log_dir
-        self.started: dict[str, float] = {}
-        self.about: dict[str, str] = {}
-        self.rendered = console.StepLines()
-
-    def _print(self, text: str) -> None:
-        if self.verbose:
-            print(text, flush=True)
-            logging.getLogger("local.run").info("%s", text)
-        else:
-            say(text)
-
-    def status(self, rec: Any) -> None:
-        if rec.status == "Executing":
-            self.started[rec.name] = time.monotonic()
-            about = f": {self.about[rec.name]}" if rec.name in self.about else ""
-            self._print(f"[{rec.name}] started ({rec.type}){about}")
-            return
-        took = f" in {time.monotonic() - self.started[rec.name]:.1f}s" if rec.name in self.started else ""
-        extra = f": {rec.message}" if rec.message else ""
-        log = self.log_dir / f"{rec.name}.log"
-        if rec.status == "Failed" and log.exists():
-            extra += f" (whole log: {log})"
-        self._print(f"[{rec.name}] {rec.status}{took}{extra}")
-
-    def line(self, step: str, line: str) -> None:
-        if not (line.startswith(("error:", "stopped:")) or (not self.quiet and line.startswith(SHOWN))):
-            return
-        if self.verbose:
-            print(f"[{step}] {line}", flush=True)
-            return
-        for shown in self.rendered.render(step, line):
-            print(shown, flush=True)
 
 
 @contextmanager
@@ -449,14 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reevaluate:
         from local.reevaluate import LocalRun, reevaluate
 
-        return reevaluate(args, LocalRun(check_params, Progress, announcements, run_log, _bucket_of,
+        return reevaluate(args, LocalRun(check_params, console.Progress, console.announcements, run_log, _bucket_of,
                                          ("config", "resume", *DEFAULTS), RUN_FILE, STEPS_FILE))
     if args.eval_data is not None:
-        raise Refused(f"--eval-data {args.eval_data} is new held-out data for a re-evaluation: add --reevaluate "
-                      "RUN_ID (a new run takes its data with --data DIR)")
+        raise Refused(f"{option('--eval-data', args.eval_data)} is new held-out data for a re-evaluation: add "
+                      f"{option('--reevaluate', '<run id>')} (a new run takes its data with "
+                      f"{option('--data', '<dir>')})")
     if args.update_approval:
-        raise Refused("--update-approval is for a re-evaluation (--reevaluate RUN_ID): a run's own verdict always "
-                      "sets its new package's approval status")
+        raise Refused(f"{option('--update-approval')} is for a re-evaluation ({option('--reevaluate', '<run id>')}): a "
+                      "run's own verdict always sets its new package's approval status")
     plan = resume_plan(args) if args.resume else fresh_plan(args)  # refusals: nothing is created before here
     run_dir = Path(args.runs_dir) / plan.run_id if plan.run_id else create_run_dir(Path(args.runs_dir))
     with run_log(run_dir / "local-run.log"):
@@ -528,8 +469,8 @@ def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> i
                                interrupted=ended.interrupted)
     say(summary)
     if ended.interrupted:
-        say(f"interrupted: every process this run started has been stopped; continue it with: "
-            f"{report.resume_command(run_dir)}", file=sys.stderr)
+        say(f"interrupted: every process this run started has been stopped; continue it with:\n"
+            f"  {report.resume_command(run_dir)}", file=sys.stderr)
         return 130
     return 0 if ended.failure is None else 1
 
@@ -542,14 +483,17 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
     from local.stack import LocalStack
 
-    workdir, progress = run_dir / "work", Progress(args.quiet, run_dir / "logs", args.verbose)
+    workdir, progress = run_dir / "work", console.Progress(args.quiet, run_dir / "logs", args.verbose)
     previous = {name: StepRecord(**rec) for name, rec in plan.previous.items()}
 
-    def on_status(rec: StepRecord) -> None:
-        progress.status(rec)  # the records so far over the interrupted run's: a resume may be interrupted too
-        files.write_json(run_dir / STEPS_FILE, {**plan.previous, **{n: asdict(r) for n, r in ended.records.items()}})
-
     with LocalStack(log_path=run_dir / "training-session-service.log", state_dir=run_dir / "service-state") as stack:
+        def on_status(rec: StepRecord) -> None:
+            if rec.status == "Failed":  # a dead service fails the step that calls it: said first, not the model
+                rec.message = report.blame_dead_service(rec.message, stack.service_exit())
+            progress.status(rec)  # the records so far over the interrupted run's: a resume may be interrupted too
+            records = {n: asdict(r) for n, r in ended.records.items()}
+            files.write_json(run_dir / STEPS_FILE, {**plan.previous, **records})
+
         say(f"local-run {run_dir.name}: moto {stack.moto_url}, training-session service {stack.service_url}")
         env = {**stack.env(), **tracking_env}
         uris = upload_dataset(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
@@ -558,11 +502,11 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
         execution = LocalExecution(definition, params, stack.s3(), workdir, env, execution_id=run_dir.name,
                                    pipeline_name=pipeline_name, on_line=progress.line, on_status=on_status,
                                    records=ended.records, log_dir=run_dir / "logs", previous=previous)
-        progress.about = announcements(execution.values)
+        progress.about = console.announcements(execution.values)
         try:
             execution.run()
         except PipelineFailed as exc:
-            ended.failure = exc
+            ended.failure = PipelineFailed(exc.step, report.blame_dead_service(exc.message, stack.service_exit()))
         except KeyboardInterrupt:  # the step was stopped (SIGTERM: it stopped its session); collect what is left
             ended.interrupted = True
         finally:

@@ -36,8 +36,10 @@ def finished_run(runs_dir: Path, run_id: str) -> tuple[Path, dict]:
         raise Refused(f"{run_dir} does not exist; the local runs with a trained adapter: {', '.join(runs) or 'none'}")
     model = run_dir / "model.json"
     if not model.is_file():
+        from local.report import resume_command  # here: the report's imports are not make sample's
+
         raise Refused(f"{model} does not exist: run {run_id} has no trained adapter (TrainDAPO did not finish); "
-                      f"resume it with python -m local.run --resume {run_id}")
+                      f"resume it with: {resume_command(run_dir)}")
     if not (run_dir / SERVICE_STATE).is_dir():
         raise Refused(f"{run_dir / SERVICE_STATE} does not exist: this run's adapter weights are gone (runs that "
                       "succeeded before local runs kept them removed them); train a new one with make local-run")
@@ -95,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sample.try_adapter(cfg, request)
 
     require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
-    return run_step(body, hint=lambda: "nothing is left running: the local service and its session were stopped")
+    return run_step(body, hint=lambda: "nothing is left running: the local service and its session were stopped",
+                    terminal=True)
 
 
 if __name__ == "__main__":

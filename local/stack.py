@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
+from steps.cli import ENV_CALLER
+
 REGION = "us-west-2"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,6 +130,8 @@ class LocalStack:
             "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.service_url,
             "SAGEMAKER_VALIDATE_ROLE": "false",
             "PYTHONUNBUFFERED": "1",
+            # The steps name a setting as the user typed it: make's PARAMS=, else the local run's --param.
+            ENV_CALLER: os.environ.get(ENV_CALLER) or "local.run",
         }
 
     def s3(self) -> Any:

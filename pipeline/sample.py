@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from steps import terminal
 from steps.cli import Refused, run_step
 from steps.config import RunConfig, load_config
 from steps.dapo.chat import completion_text, opens_reasoning, render_messages
@@ -116,7 +117,7 @@ def sample(service: Any, cfg: RunConfig, request: Request, base_model: str, prom
                                    cfg.session.prices)
 
 
-def try_adapter(cfg: RunConfig, request: Request, say: Callable[[str], None] = print) -> int:
+def try_adapter(cfg: RunConfig, request: Request, say: Callable[[str], None] = terminal.say) -> int:
     """Render the prompt, sample it from the adapter and print the completions and the bill."""
     base_model = base_model_of(request.model_package_arn, cfg.session.region)
     tokenizer = load_tokenizer(base_model, cfg.session.region, request.tokenizer_dir)
@@ -138,6 +139,7 @@ def try_adapter(cfg: RunConfig, request: Request, say: Callable[[str], None] = p
 def quiet_logging(*loggers: str) -> None:
     """The completions on the console, not the SDK's INFO lines (run_step turns them on for the steps' logs); and
     nothing below ERROR from ``loggers``."""
+    terminal.quiet_libraries()
     root = logging.getLogger()
     for handler in [root, *root.handlers]:
         handler.setLevel(logging.WARNING)
@@ -163,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return try_adapter(cfg, request_from(args, args.model))
 
     require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
-    return run_step(body, hint=lambda: "nothing is left running: the session, if one was created, was stopped")
+    return run_step(body, hint=lambda: "nothing is left running: the session, if one was created, was stopped",
+                    terminal=True)
 
 
 if __name__ == "__main__":

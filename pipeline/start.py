@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 from pipeline import budget, expressions, preflight
 from pipeline.aws import UserError, aws_session, cli_main, console_url, existing_pipeline_arn, resolve_region
 from pipeline.config import load
-from steps.cli import parse_pairs
+from steps.cli import parameter, parse_pairs
 from steps.config import RunConfig, config_from_dict, load_yaml
 from steps.config.parameters import BY_NAME, overridden
 from steps.platform.versions import require_training_session_sdk
@@ -39,13 +39,13 @@ def check_params(params: dict[str, str], declared: dict[str, str], config_path: 
         if name not in declared:
             # A short first line; the full list wrapped on the lines after it (16 names: some 200 characters).
             listed = textwrap.wrap(f"the pipeline has: {', '.join(declared)}", width=96, initial_indent="  ",
-                                   subsequent_indent="    ")
+                                   subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
             raise UserError("\n".join([f"unknown pipeline parameter '{name}'{did_you_mean(name, declared)}",
                                         *listed]))
         try:  # as the service types it (a Boolean is true or false, not 1 or 0)
             typed[name] = expressions.typed(name, declared[name], value)
         except expressions.ExpressionError as exc:
-            raise UserError(f"{exc} (PARAMS=\"{name}=...\")") from None
+            raise UserError(f"{exc} ({parameter(name)})") from None
     # Errors name the file, and the parameters only when there are some (not "config + parameters : ...").
     given = " ".join(f"{n}={v}" for n, v in params.items())
     source = f"{config_path} + parameters {given}" if given else config_path
@@ -75,7 +75,7 @@ def check_batch_size(s3: Any, uri: str, batch_size: int) -> str | None:
         return f"BatchSize {batch_size}: {uri} could not be read here ({exc.response['Error']['Code']}); {later}"
     if batch_size > rows:
         raise UserError(f"BatchSize {batch_size} is larger than the train data: s3://{bucket}/{found[0]['Key']} has "
-                        f"{rows} rows; lower it (PARAMS=\"BatchSize=N\") or upload more data")
+                        f"{rows} rows; lower it ({parameter('BatchSize', 'N')}) or upload more data")
     return None
 
 

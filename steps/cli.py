@@ -1,4 +1,5 @@
-"""What the four step entry points share: one exit-code policy and one KEY=VALUE parser.
+"""What the four step entry points share: one exit-code policy, one KEY=VALUE parser, and how a message names a
+setting: as the user typed it (:func:`option`, :func:`parameter`).
 
 Exit codes (SageMaker shows the code and the log's last lines as the failure reason):
 
@@ -40,6 +41,41 @@ class Terminated(BaseException):
     def __init__(self, signum: int = signal.SIGTERM) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+#: Who the user typed the command to, so that a message names the setting as they typed it: ``make`` (the
+#: Makefile's targets set it), ``local.run`` (``python -m local.run``, for the steps it runs); unset: the entry
+#: point's own options.
+ENV_CALLER = "DAPO_CALLER"
+#: The make variable behind each option the Makefile's targets pass on (make local-run DATA=dir: --data dir).
+MAKE_VARIABLES = {"--param": "PARAMS", "--data": "DATA", "--task": "TASK", "--config": "CONFIG", "--resume": "RESUME",
+                  "--reevaluate": "REEVALUATE", "--eval-data": "EVAL_DATA", "--source": "SOURCE", "--model": "MODEL",
+                  "--prompt": "PROMPT", "--n": "N", "--execution": "EXECUTION", "--verbose": "VERBOSE=1",
+                  "--update-approval": "UPDATE_APPROVAL=1", "--wait": "WAIT=1"}
+
+
+def caller() -> str:
+    return os.environ.get(ENV_CALLER, "")
+
+
+def option(flag: str, value: Any = None) -> str:
+    """The option ``flag`` (given ``value``) as the user typed it: ``DATA=my-data`` under make, else
+    ``--data my-data``; an option make has no variable for keeps its own spelling."""
+    variable = MAKE_VARIABLES.get(flag) if caller() == "make" else None
+    if variable:
+        return variable if "=" in variable else f"{variable}={'' if value is None else value}"
+    return flag if value is None else f"{flag} {value}"
+
+
+def parameter(name: str, value: Any = "...", flag: str | None = None) -> str:
+    """The pipeline parameter ``name`` set to ``value`` as the user typed it: ``PARAMS="BatchSize=8"`` under make,
+    ``--param BatchSize=8`` under ``python -m local.run``. ``flag``: the entry point's own option it arrives as
+    (``--batch-size``): what a step run by hand names, with the parameter it comes from in a pipeline."""
+    if caller() == "make":
+        return f'PARAMS="{name}={value}"'
+    if caller() or flag is None:
+        return f"--param {name}={value}"
+    return f"{flag} {value}, the pipeline's {name} parameter"
 
 
 def parse_pairs(items: Iterable[str], flag: str, example: str = "batch_size=64") -> dict[str, str]:
@@ -104,12 +140,22 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _error(line: str, terminal: bool) -> None:
+    if terminal:
+        from steps.terminal import say  # here: a step's container never needs it
+
+        say(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
 def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "running the step again starts it over",
-             describe: Callable[[BaseException], str] = _describe) -> int:
+             describe: Callable[[BaseException], str] = _describe, terminal: bool = False) -> int:
     """Run an entry point's body under the exit-code policy; print one ``error:`` line on failure.
 
     ``hint`` is evaluated when the step fails (it may read a checkpoint written
-    meanwhile); ``describe`` words an unexpected exception.
+    meanwhile); ``describe`` words an unexpected exception. ``terminal``: a command a person reads (make
+    check-task, make sample), its refusal wrapped at 100 columns; a step's stays one line, for its log's reader.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     on_sigterm = _SigtermHandler()
@@ -119,15 +165,15 @@ def run_step(body: Callable[[], int], *, hint: Callable[[], str] = lambda: "runn
     except SystemExit as exc:  # argparse's usage errors and --help: already explained
         return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     except Refused as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        _error(f"error: {exc}", terminal)
         return EXIT_REFUSED
     except Terminated as exc:
         on_sigterm.stop.set()
-        print(f"error: {exc} received; {hint()}", file=sys.stderr, flush=True)
+        _error(f"error: {exc} received; {hint()}", terminal)
         return 128 + exc.signum  # EXIT_TERMINATED for SIGTERM, 130 for SIGINT
     except Exception as exc:  # noqa: BLE001 - the policy: anything not refused is a failure, with a hint
         logging.getLogger("steps").error("the step failed", exc_info=True)  # the traceback, for a bug
-        print(f"error: {describe(exc)}; {hint()}", file=sys.stderr, flush=True)
+        _error(f"error: {describe(exc)}; {hint()}", terminal)
         return EXIT_FAILED
     finally:
         on_sigterm.stop.set()

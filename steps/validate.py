@@ -44,8 +44,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steps.cli import Refused, run_step
+from steps.cli import Refused, parameter, run_step
 from steps.config import ConfigError, TaskConfig, config_from_dict
+from steps.config.load import task_name_problem
 from steps.gsm8k.data import DataError, jsonl_files
 from steps.gsm8k.rules import (
     SHOWN,
@@ -318,6 +319,9 @@ def task_config(args: argparse.Namespace) -> TaskConfig:
     keys = ("question_field", "answer_field", "choices_field", "grader", "code_dir")
     section = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "task", None) is not None:
+        problem = task_name_problem(args.task, parameter("Task", args.task, "--task"))  # as the user set it
+        if problem:
+            raise Refused(problem)
         section["name"] = args.task
     try:
         return config_from_dict({"task": section}, source="steps.validate arguments").task

@@ -74,3 +74,32 @@ def test_ctrl_c_then_the_runners_sigterm_stop_the_step_once_and_the_stop_runs_wh
     assert proc.returncode == 130, err
     assert out == "session stopped\n"
     assert err.strip().splitlines()[-1] == "error: SIGINT received; the session was stopped"
+
+
+def test_a_message_names_each_setting_as_the_user_typed_it(monkeypatch):
+    """make's variables under make (the Makefile sets DAPO_CALLER), the command line's options otherwise; a step
+    run by hand names its own option and the pipeline parameter it comes from."""
+    from local import run
+    from steps.cli import ENV_CALLER, Refused, option, parameter
+
+    monkeypatch.delenv(ENV_CALLER, raising=False)
+    assert (option("--data", "d"), parameter("BatchSize", 8)) == ("--data d", "--param BatchSize=8")
+    assert parameter("BatchSize", 8, "--batch-size") == "--batch-size 8, the pipeline's BatchSize parameter"
+    monkeypatch.setenv(ENV_CALLER, "local.run")  # a step of python -m local.run
+    assert parameter("BatchSize", 8, "--batch-size") == "--param BatchSize=8"
+    monkeypatch.setenv(ENV_CALLER, "make")
+    assert (option("--data", "d"), option("--config", "c.yaml"), option("--param")) == ("DATA=d", "CONFIG=c.yaml",
+                                                                                         "PARAMS=")
+    assert parameter("BatchSize", 8, "--batch-size") == 'PARAMS="BatchSize=8"'
+    # make local-run's refusals, before anything starts: the folder as DATA= (not make data's SOURCE=), the batch
+    # size as PARAMS=, a misspelled task with the closest task and the list of them.
+    for argv, said in ((["--data", "/nowhere"], "DATA=/nowhere: not a directory"),
+                       (["--param", "BatchSize=5000"], '(PARAMS="BatchSize=N")'),
+                       (["--task", "gms8k"], "TASK=gms8k: there is no task 'gms8k'; did you mean 'gsm8k'?\n"
+                                             "  the built-in tasks: gsm8k, hash, boxed, answer_is, choice")):
+        try:
+            run.fresh_plan(run.parse_args(argv))
+        except Refused as exc:
+            assert said in str(exc) and "SOURCE=" not in str(exc) and not str(exc).startswith("--"), exc
+        else:
+            raise AssertionError(f"{argv} was not refused")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from local import console, run
+from local import console
 from steps.dapo import metrics
 
 
@@ -43,23 +43,26 @@ def test_a_figure_not_printed_or_nan_shows_as_a_dash_and_another_steps_sampling_
     assert "entropy -" in line and "kept" not in line
 
 
-def test_other_lines_wrap_at_100_columns_and_a_long_word_gets_a_line_of_its_own():
-    path = "/runs/20261204-184207-a3f2/" + "x" * 40 + "/TrainDAPO.log"  # 81 characters
+def test_lines_wrap_at_100_columns_and_no_path_or_command_is_broken_across_lines():
+    path = "/runs/20261204-184207-a3f2/" + "x-y" * 14 + "/TrainDAPO.log"  # 81 characters, hyphens in it
     text = "  note: " + "word " * 30 + path + " end"
     lines = console.fit(text)
     assert all(len(line) <= 100 for line in lines) and len(lines) > 2
     assert any(line.startswith(f"      {path}") for line in lines)  # continuation indent, the path whole
     assert " ".join(" ".join(lines).split()) == " ".join(text.split())  # nothing lost
     assert console.fit("short line") == ["short line"]
-    wider = "x" * 250
-    assert all(len(line) <= 100 for line in console.fit(wider)) and "".join(console.fit(wider)).replace(" ", "") \
-        == wider
+    wider = "/tmp/" + "x" * 250  # a path wider than the terminal: on a line of its own, whole
+    assert console.fit(f"  artifacts in {wider}") == ["  artifacts in", f"      {wider}"]
+    # A command to copy, on a line of its own, is one line at any width: pasted, it runs as printed.
+    command = f"    .venv/bin/python -m local.run --runs-dir {wider} --resume 20261204-184207-a3f2"
+    assert console.fit(f"  outcome: INTERRUPTED; continue it with:\n{command}") == [
+        "  outcome: INTERRUPTED; continue it with:", command]
 
 
 def test_progress_shows_compact_lines_by_default_and_the_full_ones_with_verbose(tmp_path, capsys):
     sampling, train = _step_lines(2)
     for verbose in (False, True):
-        progress = run.Progress(quiet=False, log_dir=tmp_path, verbose=verbose)
+        progress = console.Progress(quiet=False, log_dir=tmp_path, verbose=verbose)
         for line in (sampling, train, "INFO botocore: an SDK line"):
             progress.line("TrainDAPO", line)
         out = capsys.readouterr().out.splitlines()
@@ -67,7 +70,7 @@ def test_progress_shows_compact_lines_by_default_and_the_full_ones_with_verbose(
             assert out == [f"[TrainDAPO] {sampling}", f"[TrainDAPO] {train}"]
         else:
             assert len(out) == 1 and out[0].startswith("[TrainDAPO] step 2/30  reward 0.42") and len(out[0]) <= 100
-    quiet = run.Progress(quiet=True, log_dir=tmp_path)
+    quiet = console.Progress(quiet=True, log_dir=tmp_path)
     quiet.line("TrainDAPO", train)
     quiet.line("TrainDAPO", "error: the session failed")
     assert capsys.readouterr().out == "[TrainDAPO] error: the session failed\n"
@@ -119,3 +122,41 @@ def test_the_paired_evaluation_and_the_approval_read_in_a_line_or_two():
     assert " ".join(shown).split() == ("[ApproveModel] approve: arn:aws:sagemaker:r:1:model-package/g/5 approved: "
                                        "Approved by the pipeline; ... (all of it: logs/ApproveModel.log)").split()
     assert all(len(line) <= 100 for line in shown)
+
+
+def test_no_library_advice_reaches_the_terminal_of_make_sample():
+    """transformers says "PyTorch was not found" on import (only its tokenizers are used): make sample's logging
+    setup (pipeline/sample.py quiet_logging, before the tokenizer's import) keeps it off."""
+    import subprocess
+    import sys
+
+    from local.stack import ROOT
+
+    code = "from pipeline.sample import quiet_logging; quiet_logging(); import transformers"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout + proc.stderr == "", proc.stderr
+
+
+def test_every_failure_a_resume_can_mend_prints_the_resume_command_on_a_line_of_its_own(tmp_path):
+    """A job step's failure, a step the dead service failed (even a refusal: the service, not the input, failed)
+    and the runner's own; not a refusal of the input, nor the gate's verdict, which a resume would repeat."""
+    from local import report
+    from local.pipeline_runner import PipelineFailed, StepRecord
+
+    run_dir = tmp_path / "runs" / "20261204-184207-a3f2"
+    command = report.resume_command(run_dir)
+
+    def outcome(step: str, kind: str | None, message: str) -> str:
+        records = {step: StepRecord(step, kind, "Failed", message)} if kind else {}
+        return report.outcome(run_dir, records, PipelineFailed(step, message), interrupted=False)
+
+    dead = report.blame_dead_service("exit code 2: error: the session was not found", -9)
+    assert dead.startswith("the local training-session service died (exit code -9), so the step failed: exit code 2")
+    mended = (outcome("TrainDAPO", "Training", "exit code 1: error: x"), outcome("EvaluateModel", "Processing", dead),
+              outcome("local run", None, "OSError: no port"))
+    for text in mended:
+        assert text.endswith(f"; continue it with:\n    {command}")
+        assert console.fit(f"  outcome: {text}")[-1] == f"    {command}"  # one line, whatever its width
+    for repeated in (outcome("ValidateData", "Processing", "exit code 2: error: refused"),
+                     outcome("AccuracyTooLow", "Fail", "Not approved: accuracy 0.1 below 0.5")):
+        assert command not in repeated

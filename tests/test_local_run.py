@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from local import report, run
+from local import console, report, run
 from local.pipeline_runner import LocalExecution, PipelineFailed
+from local.stack import ROOT
 from steps import evaluate
 from steps.cli import Refused
 from steps.config import config_from_dict, load_yaml
@@ -24,6 +26,7 @@ from steps.config.parameters import PARAMETERS
 from steps.dapo import curves
 from steps.platform import billing
 from steps.platform.ownership import Owner
+from steps.terminal import whole
 from tests import pinned
 from tests.test_interrupt import assert_the_step_stopped_its_session_before_the_service_stopped
 from tests.test_reevaluate import sample_and_reevaluate
@@ -77,7 +80,7 @@ def test_help_lists_every_parameter_with_meaning_and_default_and_every_option_ha
     ("BatchSize=x", "parameter BatchSize='x': must be integer"),
     ("SelectiveRollouts=1", "parameter SelectiveRollouts='1': must be true or false"),
     ("BatchSize=0", "'dapo.batch_size' must be >= 1, got 0"),
-    ("TrainDataS3Uri=s3://b/x/", "the local run uploads its own toy data"),
+    ("TrainDataS3Uri=s3://b/x/", "the local run uploads its data and sets TrainDataS3Uri itself"),
     ("MaxSteps", "expected NAME=VALUE"),
 ])
 def test_a_bad_param_is_refused_before_anything_is_built_or_created(tmp_path, param, message):
@@ -162,8 +165,9 @@ def test_local_run_trains_evaluates_and_approves(tmp_path, capsys):
     (seen,) = [r for r in records if r["kind"] == "forecast"]
     step_1 = next(r for r in records if r["kind"] == "step")
     assert abs(seen["keep_rate"] - (1 - step_1["filtered_frac"])) <= 0.1 and seen["pass_rate"] > 0
-    # A person's terminal: every line within 100 columns, one compact line per training step (local/console.py) ...
-    wide = [line for line in (out + err).splitlines() if len(line) > 100]
+    # A person's terminal: every line within 100 columns (but a command to copy, or a path, never cut: issue 38),
+    # one compact line per training step (local/console.py) ...
+    wide = [line for line in (out + err).splitlines() if len(line) > 100 and not whole(line)]
     assert not wide, wide
     compact = re.findall(r"^\[TrainDAPO\] step (\d+)/15  reward \S+  acc \S+  kept \d+/\d+  entropy \S+  "
                          r"[\d,]+k? tok/s  eta \S+$", out, re.M)
@@ -379,7 +383,7 @@ def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run
     out = "".join(lines) + out
     assert proc.returncode == 1 and failed_after < 30, failed_after
     [failed] = [line for line in out.splitlines() if line.startswith("[TrainDAPO] Failed")]
-    reason = re.search(r"Failed in [0-9.]+s: exit code 1: (error: .*) \(whole log: .*\)$", failed).group(1)
+    reason = re.search(r"Failed in [0-9.]+s: .*?exit code 1: (error: .*) \(whole log: .*\)$", failed).group(1)
     assert reason.startswith("error: the training session failed (ServiceUnreachable: the training-session service "
                              "at http://127.0.0.1:") and "has not answered for" in reason
     assert "could not be stopped from here" in reason and "|" not in reason  # the one line, nothing after it
@@ -388,12 +392,24 @@ def test_a_dead_service_fails_the_step_in_seconds_with_its_own_error_and_the_run
     assert "Event loop is closed" in (run_dir / "logs" / "TrainDAPO.log").read_text() or \
         "Traceback" in (run_dir / "logs" / "TrainDAPO.log").read_text()  # kept there, whole
     summary = (run_dir / "summary.txt").read_text()
-    assert f"== local run {run_dir.name} " in out and "outcome: FAILED at TrainDAPO: exit code 1: error:" in summary
+    # The step's failure says first that the service died (its own error only says what it could not reach) ...
+    died = "the local training-session service died (exit code -9), so the step failed: exit code 1: error:"
+    assert "[TrainDAPO] Failed in " in failed and f": {died}" in failed
+    assert f"== local run {run_dir.name} " in out
+    assert f"outcome: FAILED at TrainDAPO: {died}" in " ".join(summary.split())
     assert "note: the training-session service exited during the run (exit code -9)" in summary
+    # ... and the resume command is one line of its own, whatever its width, which runs as printed: the entry
+    # point's own parser and plan read it as this run, with its parameters (a resume refuses anything else).
+    [command] = [line.strip() for line in out.splitlines() if line.strip().startswith(".venv/bin/python -m")]
+    assert out.split(command)[0].rstrip().endswith("continue it with:")
+    program, module, *argv = shlex.split(command)
+    assert (program, module) == (".venv/bin/python", "-m") and argv[0] == "local.run" and (ROOT / program).exists()
+    resumed = run.resume_plan(run.parse_args(argv[1:]))
+    assert resumed.run_id == run_dir.name and resumed.params == json.loads((run_dir / "run.json").read_text())["params"]
     assert "training sessions: unknown" in summary
     [mlflow_run] = _mlflow_runs(tmp_path)
     assert mlflow_run.info.status == "FAILED" and f"mlflow: run {mlflow_run.info.run_id} (FAILED)" in summary
-    assert mlflow_run.data.tags["local_run.outcome"].startswith("failed at TrainDAPO: exit code 1: error:")
+    assert mlflow_run.data.tags["local_run.outcome"].startswith(f"failed at TrainDAPO: {died}")
 
 
 @pytest.mark.slow
@@ -488,5 +504,5 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_remaining_steps(tmp_
 
 
 def test_the_gates_announcement_lists_its_four_conditions():
-    said = run.announcements({"AccuracyThreshold": 0.2, "MinImprovement": 0.0})["CheckAccuracy"]
+    said = console.announcements({"AccuracyThreshold": 0.2, "MinImprovement": 0.0})["CheckAccuracy"]
     assert said == "accuracy >= 0.2, improvement's 95% lower bound >= 0.0, >= 1 optimizer step, no guard stop?"

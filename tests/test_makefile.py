@@ -43,6 +43,21 @@ def test_local_run_resumes_and_is_verbose_from_make():
     assert re.search(r"^\.venv/bin/python -m local\.run\s+--resume 20261204-184207-a3f2 --verbose\s*$", out, re.M), out
 
 
+def test_one_config_variable_serves_check_task_sample_and_local_run_and_messages_name_make_s_variables():
+    """CONFIG=<file> given on make's command line reaches each (local-run's default stays config/local.yaml, so
+    it passes none unless given; LOCAL_CONFIG, the older name, still works), and the targets a person types tell
+    the commands so (DAPO_CALLER=make: steps/cli.py names DATA=, PARAMS=, not --data, --param)."""
+    for target, extra in (("local-run", ()), ("check-task", ("DATA=d",)), ("sample", ("MODEL=arn:x", "PROMPT=hi"))):
+        assert re.search(r"--config mine\.yaml\b", make("-n", target, "CONFIG=mine.yaml", *extra)), target
+    assert "--config" not in make("-n", "local-run")
+    assert re.search(r"python -m local\.run\s+--config old\.yaml\s*$", make("-n", "local-run", "LOCAL_CONFIG=old.yaml"),
+                     re.M)
+    database = make("-pn", "local-run")  # make's own view of the target-specific variables; nothing runs
+    for target in ("local-run", "check-task", "sample", "start-pipeline"):
+        assert f"\n{target}: DAPO_CALLER = make\n" in database, target
+    assert "export DAPO_CALLER = make" in (ROOT / "Makefile").read_text()  # in the commands' environment
+
+
 def test_data_passes_source_on_and_needs_no_download_extra_for_it():
     out = make("-n", "data", "SOURCE=/data/gsm8k", "CONFIG=c.yaml")
     assert re.search(r"python -m pipeline\.data --config c\.yaml --source /data/gsm8k\s*$", out, re.M), out

@@ -73,7 +73,8 @@ def sample_prints_the_adapters_completions_and_stops_its_session(run_dir: Path, 
     assert out.count("--- completion ") == 2 and "--- completion 2 of 2: " in out
     session = out.split("sample: training session ", 1)[1].split()[0]
     assert f"sample: training session {session} stopped" in out
-    assert f"source=service session={session}" in out  # the bill, read once the session was stopped
+    assert f"source=service session={session}" in " ".join(out.split())  # the bill, read once the session stopped
+    assert all(len(line) <= 100 for line in out.splitlines())  # a person's terminal: the ARNs' lines wrapped
 
 
 def reevaluation_changes_the_verdict_and_leaves_training_untouched(run_dir: Path, capsys) -> None:
@@ -238,8 +239,8 @@ def fake_finished_run(runs: Path) -> Path:
     (["--param", "MaxSteps=5"], "read only by TrainDAPO"),
     (["--param", "MinImprovement=2"], "'pipeline.min_improvement' must be"),
     (["--train-rows", "10"], "drop --train-rows"),
-    (["--param", "EvalDataS3Uri=s3://b/new/"], "--param EvalDataS3Uri: a local re-evaluation takes new held-out "
-                                                "data as a file or folder: --eval-data PATH"),
+    (["--param", "EvalDataS3Uri=s3://b/new/"], "--param EvalDataS3Uri=...: a local re-evaluation takes new held-out "
+                                                "data as a file or folder: --eval-data <path>"),
     (["--eval-data", "/nonexistent/heldout"], "--eval-data /nonexistent/heldout: no such file or directory"),
 ])
 def test_reevaluation_refuses_what_it_would_ignore_before_creating_anything(tmp_path, args, message):
@@ -472,9 +473,10 @@ def test_sample_a_package_in_a_session_of_its_own_and_stop_it(adapter, local_ser
     assert code == 0, out
     (name, status), = _sessions(local_service, before).items()
     assert status == "Stopped" and f"sample: training session {name} stopped" in out
-    assert out.count("--- completion ") == 3 and f"3 completion(s) of {adapter}" in out
-    assert re.search(rf"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service session={name} ",
-                     out, re.M)
+    flat = " ".join(out.split())  # wrapped at 100 columns, read as one
+    assert out.count("--- completion ") == 3 and f"3 completion(s) of {adapter}" in flat
+    assert re.search(r"^billing: prefill_tokens=\d+ sample_tokens=\d+ train_tokens=0 source=service", out, re.M)
+    assert f" source=service session={name} " in flat
 
 
 def test_sample_stops_its_session_when_sampling_fails(adapter, local_service, capsys):

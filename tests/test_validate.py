@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from steps import validate
+from steps.cli import ENV_CALLER
 from steps.gsm8k import data, rules
 from steps.gsm8k.data import DataError, Example, iter_lines, jsonl_files, load_examples
 from steps.gsm8k.rules import DigestSet
@@ -235,10 +236,12 @@ def test_cli_exit_code_and_message(tmp_path, eval_file):
     proc = subprocess.run(
         [sys.executable, "-m", "steps.validate", "--train", str(train), "--eval", str(eval_file), "--batch-size", "4",
          "--output", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, ENV_CALLER: "make"},
     )
     assert proc.returncode == 2, proc.stderr
-    assert "train data has 1 usable rows, fewer than --batch-size 4" in proc.stderr
+    # From make (make local-run's ValidateData), the setting is named as the user typed it, not as the step's option.
+    assert 'train data has 1 usable rows, fewer than the batch size (PARAMS="BatchSize=4")' in proc.stderr
+    assert '(PARAMS="BatchSize=1")' in proc.stderr and "--batch-size" not in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -5,7 +5,7 @@ import difflib
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, get_args
 
 import yaml
 from annotated_types import Ge, Gt, Le, Lt
@@ -13,7 +13,16 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from steps.cli import Refused
-from steps.config.models import SECTIONS, DapoConfig, PipelineConfig, Section, SessionConfig, TaskConfig, type_name
+from steps.config.models import (
+    SECTIONS,
+    DapoConfig,
+    PipelineConfig,
+    Section,
+    SessionConfig,
+    TaskConfig,
+    TaskName,
+    type_name,
+)
 
 #: The sections a training job's flat hyperparameters (``batch_size=64``) set; their field names are unique.
 FLAT_SECTIONS = ("session", "dapo", "task")
@@ -73,7 +82,10 @@ def _message(section: str, error: dict[str, Any], model: type[Section], source: 
     elif "rule" in extra:
         rule = extra["rule"]
     elif kind == "literal_error":
-        rule = "must be one of " + ", ".join(str(a) for a in field.annotation.__args__)
+        allowed = [str(a) for a in field.annotation.__args__]
+        close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
+        guess = f"; did you mean '{close[0]}'?" if close else ""
+        return f"{source}: {key} must be one of {', '.join(allowed)}, got {value!r}{guess}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         rule = _bounds(field) + (f" ({extra['why']})" if "why" in extra else "")
     else:
@@ -90,8 +102,21 @@ def unknown(what: str, name: str, known: Iterable[str], listed: str, shown: Iter
     match = next((k for k in known if close and k.lower() == close[0].lower()), None)
     first = f"{what} '{name}'" + (f"; did you mean '{match}'?" if match else "")
     everything = textwrap.wrap(f"{listed}: {', '.join(shown if shown is not None else known)}", width=96,
-                               initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+                               initial_indent="  ", subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)
     return "\n".join([first, *everything])
+
+
+def task_name_problem(name: str, typed: str) -> str | None:
+    """What is wrong with the task ``name`` the user gave as ``typed`` (``TASK=gms8k``, ``--task gms8k``, the
+    ``Task`` parameter), with the closest of the tasks; None for a task there is."""
+    names = [str(n) for n in get_args(TaskName)]
+    if name in names:
+        return None
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+    built_in = ", ".join(n for n in names if n != "custom")
+    return (f"{typed}: there is no task '{name}'" + (f"; did you mean '{close[0]}'?" if close else "")
+            + f"\n  the built-in tasks: {built_in}; custom: your own grader (task.grader in the config)")
 
 
 def _build(model: type[Section], section: str, values: Any, source: str) -> Section:

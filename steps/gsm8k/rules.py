@@ -16,6 +16,7 @@ from typing import Any, Mapping, TextIO
 
 import numpy as np
 
+from steps.cli import parameter
 from steps.gsm8k.data import (
     PROMPT_TOO_LONG,
     DataError,
@@ -291,9 +292,12 @@ def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_ove
         )
     if train.kept < batch_size:
         kind = "GSM8K JSONL" if task_name == "gsm8k" else f"JSONL the {task_name} task reads"
-        fix = f"or lower --batch-size to at most {train.kept}" if train.kept else f"and check it is {kind}"
+        # Named as the user set it: PARAMS="BatchSize=N" from make, --batch-size N for the step by hand (steps/cli.py).
+        fix = (f"or lower the batch size to at most {train.kept} ({parameter('BatchSize', train.kept, '--batch-size')})"
+               if train.kept else f"and check it is {kind}")
         problems.append(
-            f"train data has {train.kept} usable rows, fewer than --batch-size {batch_size}: {_describe(train)}\n"
+            f"train data has {train.kept} usable rows, fewer than the batch size "
+            f"({parameter('BatchSize', batch_size, '--batch-size')}): {_describe(train)}\n"
             + "\n".join(_first_problems(train))
             + f"\n  fix: correct or drop the rejected rows, add rows, {fix}"
         )

@@ -12,8 +12,10 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-from steps.cli import Refused, run_step
+from steps import terminal
+from steps.cli import Refused, option, run_step
 from steps.config import config_from_dict, load_yaml
+from steps.config.load import task_name_problem
 from steps.gsm8k.data import RawLine, RowError, iter_lines, jsonl_files
 from steps.gsm8k.rules import GRADER_DISAGREES, MIN_AGREEMENT, SHOWN, SplitScan, agreement_problem, read_example
 from steps.platform.versions import require_training_session_sdk
@@ -93,9 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         section = dict(load_yaml(args.config).get("task") or {})
         if args.task:
+            problem = task_name_problem(args.task, option("--task", args.task))  # named as typed: TASK= from make
+            if problem:
+                raise Refused(problem)
             section["name"] = args.task
         task = build_task(config_from_dict({"task": section}, source=args.config).task)
-        return check(args.data, task)
+        return check(args.data, task, out=terminal.say)
 
     require_training_session_sdk()  # exits 2 naming the fix, before the step does anything
-    return run_step(run)
+    return run_step(run, terminal=True)
