@@ -35,8 +35,8 @@ from local.sample import SERVICE_STATE, finished_run
 from pipeline.aws import UserError
 from pipeline.reevaluate import KEPT, approval, check_overrides, overrides_text, selected_steps
 from steps.cli import Refused, parse_pairs
-from steps.gsm8k.data import DataError, jsonl_files
 from steps.platform import files
+from steps.tasks.reader import DataError, data_files
 
 FOLDER = "reevaluations"
 RECORD = "reevaluation.json"
@@ -126,7 +126,7 @@ def held_out_files(path: str | None) -> tuple[Path, ...]:
     if path is None:
         return ()
     try:
-        return tuple(jsonl_files(path))
+        return tuple(data_files(path))
     except DataError as exc:
         raise Refused(f"--eval-data {exc}") from None
 

@@ -360,6 +360,7 @@ def _validate_step(cfg: PipelineConfig, run: RunConfig, params: dict[str, Any],
             "--batch-size", params["BatchSize"].to_string(),
             "--output", VALIDATED_DIR,
             *length_check,
+            *_drop_argument(params),
             *task_args,
         ],
     )
@@ -374,6 +375,11 @@ def _task_arguments(run: RunConfig, params: dict[str, Any]) -> list[Any]:
     settings = run.task.model_dump()
     return ["--task", params["Task"], *(a for key, flag in flags.items() if settings[key] is not None
                                         for a in (flag, str(settings[key])))]
+
+
+def _drop_argument(params: dict[str, Any]) -> list[Any]:
+    """ValidateData's limit on the rows a split may lose (the MaxDroppedShare parameter)."""
+    return ["--max-dropped-share", params["MaxDroppedShare"].to_string()]
 
 
 def _tracking_environment(cfg: PipelineConfig) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from steps.config import ConfigError, TaskConfig, apply_overrides, config_from_d
 from steps.config.parameters import BY_NAME, HYPERPARAMETERS
 from steps.gsm8k.answer import grade as gsm8k_grade
 from steps.gsm8k.prompt import build_messages
-from steps.gsm8k.rules import GRADER_DISAGREES
 from steps.tasks import BUILTIN_TASKS, build_task, load_examples
 from steps.tasks.formats import ANSWER_IS_INSTRUCTION, BOXED_INSTRUCTION, CHOICE_INSTRUCTION
+from steps.tasks.rules import GRADER_DISAGREES
 from steps.tasks.task import TaskError, load_entry_point
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_the_task_section_its_defaults_and_its_errors_name_the_key():
     assert load_yaml(ROOT / "config" / "default.yaml")["task"] == TaskConfig().model_dump()
     assert config_from_dict({"task": {"grader": "mod:attr"}}).task.name == "custom"  # a grader is the choice
     with pytest.raises(ConfigError, match=r"'task.name' must be one of gsm8k, hash, boxed, answer_is, choice, "
-                                          r"custom, got 'math'"):
+                                          r"number, custom, got 'math'"):
         config_from_dict({"task": {"name": "math"}}, source="c.yaml")
     with pytest.raises(ConfigError, match=r"c.yaml: 'task.grader' is used only with 'task.name: custom'"):
         config_from_dict({"task": {"name": "boxed", "grader": "mod:attr"}}, source="c.yaml")
