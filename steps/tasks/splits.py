@@ -32,12 +32,22 @@ def words(path: Path, root: Path) -> set[str]:
     return {w for w in _WORD.split(str(rel).lower()) if w}
 
 
-def _one_folder(split: str, files: list[Path], root: Path, given: str) -> None:
+# A hub's shards of one split: train-00000-of-00002.parquet, default/train/0000.parquet.
+_SHARD = re.compile(r"(^|[-_.])\d+([-_]of[-_]\d+)?$")
+
+
+def _one_split(split: str, files: list[Path], root: Path, given: str) -> None:
+    """A split is one file, or shards in one folder: two datasets' files (gsm8k's main/ and socratic/, or
+    train.jsonl beside train_socratic.jsonl) are refused, naming them."""
     folders = sorted({f.parent for f in files})
     if len(folders) > 1:
         names = ", ".join(f"{f.relative_to(root)}/" for f in folders)
         raise DataError(f"{given}{root}: {split} files in {len(folders)} folders ({names}); a split's files "
                         f"(shards) lie in one folder: give one of them, {given}{folders[0]}")
+    if len(files) > 1 and not all(_SHARD.search(f.stem) for f in files):
+        names = ", ".join(f.name for f in files)
+        raise DataError(f"{given}{root}: {len(files)} {split} files among: {names}; keep exactly one per split in "
+                        "the folder (or a hub's shards: train-00000-of-00002.parquet, ...)")
 
 
 def find_splits(directory: str | Path, given: str = "") -> Splits:
@@ -58,7 +68,7 @@ def find_splits(directory: str | Path, given: str = "") -> Splits:
         raise DataError(f"{given}{root}: no {missing} file among {listed}: a file of each split is named with its "
                         f"split, train and one of {', '.join(HELD_OUT)} (train.jsonl, test.parquet, "
                         f"validation-00000-of-00001.parquet); the formats read: {FORMATS_READ}")
-    _one_folder(TRAIN, train, root, given)
+    _one_split(TRAIN, train, root, given)
     held_out = by_name[found[0]]
-    _one_folder(found[0], held_out, root, given)
+    _one_split(found[0], held_out, root, given)
     return Splits(tuple(train), tuple(held_out), found[0], tuple(found[1:]))
