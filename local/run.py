@@ -277,7 +277,7 @@ def announcements(values: dict[str, Any]) -> dict[str, str]:
     size = values.get("EvalSize")
     questions = "every held-out question" if not size else f"the first {size} held-out questions"
     return {
-        "ValidateData": "checks the train and held-out JSONL",
+        "ValidateData": "checks the train and held-out data",
         "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
                       f"{values.get('GroupSize')} completions"),
         "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",

@@ -303,7 +303,7 @@ def test_make_check_task_shows_three_prompts_and_the_graders_verdicts_offline(tm
     refused = subprocess.run(["make", "-s", "check-task", f"DATA={data}", "TASK=boxed"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0
-    assert "error: the boxed task's grader cannot read the gold answers of train.jsonl: it agreed with 0 of 6" \
+    assert "error: the boxed task's grader cannot read the gold answers of train: it agreed with 0 of 6" \
         in refused.stderr
     assert "these answers read as the built-in task answer_is" in refused.stderr
 

@@ -78,7 +78,7 @@ def check_fields(task: RowTask, files: list[Path]) -> str:
         fields = task.fields_for(row)
         problem = field_problem(row, fields, f.name) if task.reads_fields else None
         if problem:
-            raise Refused(f"{problem} (task {task.name}: make check-task DATA=<dir> TASK=<name>)")
+            raise Refused(f"{problem} (TASK={task.name})")
         choices = f", choices {fields.choices!r}" if fields.choices else ""
         described = described or (f"fields of {f.name}: question {fields.question!r}, answer {fields.answer!r}"
                                   f"{choices} ({fields.source})")
@@ -109,13 +109,9 @@ def check(path: str, task: RowTask, out: Any = print, max_dropped_share: float =
     out(f"task {task.name}: " + ", ".join(f"{k} '{v}'" for k, v in task.describe().items() if k != "name" and v))
     out(check_fields(task, train_files + held_out_files))
     show_examples(task, train_files, out)
-    def named(files: list[Path]) -> str:
-        return files[0].name if len(files) == 1 else f"{files[0].parent.name}/ ({len(files)} files)"
-
-    with open(os.devnull, "w") as nowhere:  # counted as ValidateData counts them; nothing is written
-        held_out = scan_split(named(held_out_files), held_out_files, nowhere, task=task) if held_out_files else None
-        scan = scan_split(named(train_files), train_files, nowhere, held_out.digests if held_out else None, task=task,
-                          overlap_reason=f"also in {held_out.name}" if held_out else "")
+    with open(os.devnull, "w") as nowhere:  # counted, and named, as ValidateData does; nothing is written
+        held_out = scan_split("eval", held_out_files, nowhere, task=task) if held_out_files else None
+        scan = scan_split("train", train_files, nowhere, held_out.digests if held_out else None, task=task)
     where = train_files[0] if len(train_files) == 1 else f"{train_files[0].parent} ({len(train_files)} files)"
     out(f"grader agreement on {where}: {scan.agreed} of {scan.checked} gold answers read and graded right "
         f"({scan.rows} rows; rejected: {scan.reasons_text()})")

@@ -20,16 +20,16 @@ def _at(r: Rejection) -> str:
     return f"{Path(r.file).name}:{r.line}" + (f" ({r.detail[:80]})" if r.detail else "")
 
 
-def drop_lines(scan: SplitScan, overlap_reason: str = "also in the held-out split") -> list[str]:
-    """``<split>: R rows, K kept, D dropped``, then each reason's count and first row, most first; the fields a
-    file lacks, with its own fields and "did you mean"."""
+def drop_lines(scan: SplitScan) -> list[str]:
+    """``<split>: R rows, K kept, D dropped``, then each reason's count and first row, most first (a train row asking
+    a held-out question: ``also in eval``); the fields a file lacks, with its own fields and "did you mean"."""
     head = f"{scan.name}: {scan.rows} rows, {scan.kept} kept, "
     if not scan.dropped:
         return [head + "none dropped"]
     lines = [head + f"{scan.dropped} dropped ({scan.dropped / max(scan.rows, 1):.0%})"]
     counts = [(reason, n, scan.first_by_reason[reason]) for reason, n in scan.by_reason.most_common()]
     if scan.overlap:
-        counts.append((overlap_reason, scan.overlap, scan.first_overlap[0]))
+        counts.append((scan.first_overlap[0].reason, scan.overlap, scan.first_overlap[0]))
     for reason, n, first in sorted(counts, key=lambda c: -c[1]):
         lines.append(f"  {reason} {n}, first {_at(first)}")
     lines += [f"  {problem}" for problem in scan.field_problems.values()]
