@@ -1,9 +1,11 @@
 """``python -m steps.tasks --check`` (``make check-task``): a task against a data file, offline, in seconds.
 
-Shows the first three usable rows as the prompt the model gets (the chat messages, before the model's chat
-template) and the grader's verdict on each row's own gold answer, then the grader's agreement over the whole
-file: what ValidateData will check before anything is billed. Exit 0 when the grader reads the gold answers,
-2 when it cannot (the rows and the reason are named).
+Names the fields the task finds (a missing one is refused with the file's own fields and "did you mean"), shows
+the first three usable rows as the prompt the model gets (the chat messages, before the model's chat template)
+and the grader's verdict on each row's own gold answer, then the grader's agreement over the train split and each
+split's drops by reason, as ValidateData prints them (steps/tasks/drops.py): what ValidateData will check before
+anything is billed. Exit 0 when the grader reads the gold answers, 2 when it cannot (the rows, the reason and the
+built-in task that does read them are named) or a split loses more than task.max_dropped_share of its rows.
 """
 from __future__ import annotations
 
