@@ -88,11 +88,11 @@ def parser(config: str) -> argparse.ArgumentParser:
                    help=f"rows of the generated toy held-out split (default {DEFAULTS['eval_rows']})")
     p.add_argument("--seed", type=int, default=None, help=f"seed of the toy data (default {DEFAULTS['seed']})")
     p.add_argument("--data", metavar="DIR",
-                   help="train and evaluate on your own JSONL files instead of the toy data: DIR holds a train "
-                        "file and a test or eval file, as `make data SOURCE=DIR` reads it")
+                   help="train and evaluate on your own files instead of the toy data (JSONL, JSON, CSV or "
+                        "parquet): DIR holds a train split and a test, validation, eval, val or dev split")
     p.add_argument("--task", metavar="NAME",
-                   help="the task (the Task parameter): gsm8k, hash, boxed, answer_is, choice, or custom "
-                        "(task.grader in --config)")
+                   help="the task (the Task parameter): gsm8k, hash, boxed, answer_is, choice, number, or "
+                        "custom (task.grader in --config)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs"),
                    help="where runs/<run-id>/ and the MLflow store (mlflow.db) go (default: runs/)")
     p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"),
