@@ -36,7 +36,8 @@ class Parameter:
 
 
 PARAMETERS = (
-    Parameter("TrainDataS3Uri", "pipeline.train_s3_uri", "String", "S3 prefix of the train split (JSONL, JSON, CSV or parquet files)"),
+    Parameter("TrainDataS3Uri", "pipeline.train_s3_uri", "String",
+              "S3 prefix of the train split (JSONL, JSON, CSV or parquet files)"),
     Parameter("EvalDataS3Uri", "pipeline.eval_s3_uri", "String", "S3 prefix of the held-out split (the same formats)"),
     Parameter("BaseModel", "session.base_model", "String", "Hub model ARN to fine-tune"),
     Parameter("Task", "task.name", "String",
