@@ -98,6 +98,8 @@ def validated_source(directory: Path, batch_size: int, task: Any = None) -> dict
         report = validate(paths["train"], paths["test"], batch_size, Path(out),
                           task=build_task(task) if task is not None else None,
                           max_dropped_share=task.max_dropped_share if task is not None else 0.5)
+    for line in report["drops"]:  # what each split lost, by reason, as ValidateData prints it
+        print(f"data: {line}")
     if report["status"] != "accepted":
         raise UserError(f"{directory}: nothing uploaded (--batch-size is the config's dapo.batch_size, {batch_size}); "
                         f"{report['message']}")
