@@ -29,9 +29,9 @@ from local.toy_data import write_split
 from local.training_session.costs import Costs
 from local.training_session.toy.tokenizer import HF_FILES
 from steps.config import load_config
-from steps.gsm8k.data import load_examples
 from steps.platform.session import service_client
 from steps.platform.tokenizer import load_tokenizer
+from steps.tasks import load_examples
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

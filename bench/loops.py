@@ -64,9 +64,9 @@ from steps.dapo.loop import Trainer
 from steps.dapo.sampling import Group, StepBatch
 from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
-from steps.gsm8k.data import Example
 from steps.gsm8k.task import Gsm8k
 from steps.platform.session import lora_kwargs
+from steps.tasks import Example
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = ROOT / "config" / "local.yaml"
@@ -419,9 +419,9 @@ def measure_runs(specs: Sequence[LoopSpec], base: Costs, partial: Path | None = 
     from bench.service import local_service
     from local.toy_data import write_split
     from local.training_session.toy.tokenizer import HF_FILES
-    from steps.gsm8k.data import load_examples
     from steps.platform.session import service_client
     from steps.platform.tokenizer import load_tokenizer
+    from steps.tasks import load_examples
 
     tokenizer = load_tokenizer(None, None, HF_FILES)
     with tempfile.TemporaryDirectory() as tmp, local_service() as service:

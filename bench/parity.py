@@ -31,9 +31,9 @@ from steps.dapo import stats
 from steps.dapo.heldout import EvalResult
 from steps.dapo.loop import Trainer
 from steps.dapo.state import LoopState
-from steps.gsm8k.data import Example
 from steps.gsm8k.task import GSM8K
 from steps.platform.session import lora_kwargs
+from steps.tasks import Example
 
 SEEDS = (0, 1, 2)
 STALENESS = (0, 1, 2)

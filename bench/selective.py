@@ -49,10 +49,10 @@ from steps.dapo.sampling import Group
 from steps.dapo.selective import ALL_RIGHT, ALL_WRONG, MIXED
 from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
-from steps.gsm8k.data import Example, load_examples
 from steps.gsm8k.task import GSM8K
 from steps.platform.session import lora_kwargs, service_client
 from steps.platform.tokenizer import load_tokenizer
+from steps.tasks import Example, load_examples
 
 HERE = Path(__file__).resolve().parent
 CONSISTENCIES = (0.8, 0.95)

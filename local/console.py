@@ -99,7 +99,7 @@ def announcements(values: dict[str, Any]) -> dict[str, str]:
     size = values.get("EvalSize")
     questions = "every held-out question" if not size else f"the first {size} held-out questions"
     return {
-        "ValidateData": "checks the train and held-out JSONL",
+        "ValidateData": "checks the train and held-out data",
         "TrainDAPO": (f"{values.get('MaxSteps')} optimizer steps of {values.get('BatchSize')} prompts x "
                       f"{values.get('GroupSize')} completions"),
         "EvaluateModel": f"evaluates the base model and the trained adapter, each on {questions}",
@@ -112,7 +112,7 @@ def announcements(values: dict[str, Any]) -> dict[str, str]:
 
 #: The lines of a step's output the console shows (all of it is in runs/<id>/logs/<step>.log); by default a
 #: step's sampling: and train: lines are shown as one compact line (:func:`fit`), with --verbose as printed.
-SHOWN = ("forecast:", "sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
+SHOWN = ("data:", "forecast:", "sampling:", "train:", "eval:", "done:", "approve:", "warning:", "stopped:")
 
 
 def say(text: str, file: Any = None) -> None:

@@ -17,8 +17,8 @@ package records the new verdict, the earlier one kept (steps/approve.py); its ap
 ``reevaluations/<n>/data/`` and uploaded as the execution's ``EvalDataS3Uri``, as on AWS. EvaluateModel checks it
 (the task's row rules, the grader agreement, the prompt lengths) and removes every question the adapter trained
 on (the run's ValidateData train.jsonl) before evaluating; its report is ``reevaluations/<n>/validation.json``.
-Without it the run's own held-out data (runs/<id>/data/eval.jsonl) is uploaded again: the files ValidateData
-checked, so EvaluateModel evaluates ValidateData's checked copy as the run did.
+Without it the run's own held-out data (runs/<id>/data/eval.jsonl, or data/eval/ with DATA=) is uploaded again:
+the files ValidateData checked, so EvaluateModel evaluates ValidateData's checked copy as the run did.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from local.sample import SERVICE_STATE, finished_run
 from pipeline.aws import UserError
 from pipeline.reevaluate import KEPT, approval, check_overrides, overrides_text, selected_steps
 from steps.cli import Refused, option, parameter, parse_pairs
-from steps.gsm8k.data import DataError, jsonl_files
 from steps.platform import files
+from steps.tasks.reader import DataError, data_files
 
 FOLDER = "reevaluations"
 RECORD = "reevaluation.json"
@@ -123,11 +123,12 @@ def plan(args: argparse.Namespace, local: LocalRun) -> Reevaluation:
 
 
 def held_out_files(path: str | None) -> tuple[Path, ...]:
-    """--eval-data's .jsonl files (the file, or every one under the folder); refused when there are none."""
+    """--eval-data's data files (the file, or every .jsonl, .json, .csv, .parquet under the folder); refused when
+    there are none."""
     if path is None:
         return ()
     try:
-        return tuple(jsonl_files(path))
+        return tuple(data_files(path))
     except DataError as exc:
         raise Refused(f"--eval-data {exc}") from None
 
@@ -144,7 +145,9 @@ def upload_held_out(rv: Reevaluation, out: Path, s3: Any, bucket: str) -> str:
             shutil.copyfile(path, data / name)
             s3.upload_file(str(data / name), bucket, f"{prefix}/{name}")
         return f"s3://{bucket}/{prefix}/"
-    s3.upload_file(str(rv.run_dir / "data" / "eval.jsonl"), bucket, "data/eval/eval.jsonl")
+    held_out = rv.run_dir / "data" / "eval"  # the user's files (DATA=), as they are; the toy's: eval.jsonl
+    for path in sorted(held_out.iterdir()) if held_out.is_dir() else [held_out.with_suffix(".jsonl")]:
+        s3.upload_file(str(path), bucket, f"data/eval/{path.name}")
     return f"s3://{bucket}/data/eval/"
 
 

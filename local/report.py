@@ -188,13 +188,26 @@ def _accuracy(path: Path, name: str = "accuracy") -> float | None:
     return float(figures["metrics"][name]["value"]) if figures else None
 
 
+def data_line(validation: dict) -> str:
+    """Each split's rows kept of those read, and what was dropped by reason: nothing dropped in silence."""
+    parts = []
+    for name, split in (validation.get("splits") or {}).items():
+        dropped = dict(split.get("rejected_by_reason") or {})
+        if name == "train" and (validation.get("overlap") or {}).get("count"):
+            dropped["also in eval"] = validation["overlap"]["count"]
+        reasons = ", ".join(f"{reason} {n}" for reason, n in dropped.items())
+        parts.append(f"{name} {split.get('kept')} of {split.get('rows')} rows kept"
+                     + (f" (dropped: {reasons})" if reasons else ""))
+    return "; ".join(parts) or json.dumps(validation.get("kept", {}))
+
+
 def training_lines(run_dir: Path) -> list[str]:
     """What ValidateData kept and how the sampled accuracy moved; a stop before max_steps said plainly."""
     lines = []
     val = run_dir / "validation.json"
     if val.exists():
         v = _read(val) or {}
-        lines.append(f"  data: {json.dumps(v.get('kept', v.get('counts', {})))}")
+        lines.append(f"  data: {data_line(v)}")
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         steps = [r for r in _records(metrics) if r.get("kind") == "step"]

@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import secrets
-import shutil
 import signal
 import sys
 import textwrap
@@ -91,11 +90,11 @@ def parser(config: str) -> argparse.ArgumentParser:
                    help=f"rows of the generated toy held-out split (default {DEFAULTS['eval_rows']})")
     p.add_argument("--seed", type=int, default=None, help=f"seed of the toy data (default {DEFAULTS['seed']})")
     p.add_argument("--data", metavar="DIR",
-                   help="train and evaluate on your own JSONL files instead of the toy data: DIR holds a train "
-                        "file and a test or eval file, as `make data SOURCE=DIR` reads it")
+                   help="train and evaluate on your own files instead of the toy data (JSONL, JSON, CSV or "
+                        "parquet): DIR holds a train split and a test, validation, eval, val or dev split")
     p.add_argument("--task", metavar="NAME",
-                   help="the task (the Task parameter): gsm8k, hash, boxed, answer_is, choice, or custom "
-                        "(task.grader in --config)")
+                   help="the task (the Task parameter): gsm8k, hash, boxed, answer_is, choice, number, or "
+                        "custom (task.grader in --config)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs"),
                    help="where runs/<run-id>/ and the MLflow store (mlflow.db) go (default: runs/)")
     p.add_argument("--definition-out", default=str(ROOT / "build" / "pipeline.json"),
@@ -175,22 +174,22 @@ def fresh_plan(args: argparse.Namespace) -> Plan:
     elif plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
         raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
                       f"together at most {MAX_ROWS} (the toy task's distinct questions)")
-    run_config = check_params(plan.params, plan.config)
-    task_of(run_config, toy_data=args.data is None)
+    task = task_of(check_params(plan.params, plan.config), toy_data=args.data is None)
+    if args.data is not None:  # a field the task cannot find: said now, not by ValidateData once the stack is up
+        from local import user_data
+
+        user_data.precheck(task, data_files(args.data))
     if args.data is None:
-        check_batch_size(run_config.dapo.batch_size, plan.train_rows)
+        check_batch_size(check_params(plan.params, plan.config).dapo.batch_size, plan.train_rows)
     return plan
 
 
-def data_files(directory: str) -> dict[str, Path]:
-    """The train and test files of ``--data``, as `make data SOURCE=` finds them; a folder that does not fit is
-    refused before anything is created."""
-    from pipeline.data import source_files
+def data_files(directory: str) -> Any:
+    """The train and held-out files of ``--data`` (local/user_data.py); a folder that does not fit is refused
+    before anything is created."""
+    from local import user_data
 
-    try:
-        return source_files(Path(directory))
-    except Refused as exc:  # `make data`'s words: SOURCE= is not what a local run's user typed
-        raise Refused(str(exc).replace(f"SOURCE={Path(directory)}", option("--data", directory), 1)) from None
+    return user_data.find(directory)
 
 
 def task_of(run_config: RunConfig, toy_data: bool) -> Any:
@@ -312,31 +311,6 @@ def build_definition(config: str, out: str) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def upload_dataset(s3: Any, bucket: str, run_dir: Path, rows: tuple[int, int], seed: int,
-                   source: str | None = None) -> dict[str, str]:
-    """The toy data generated into runs/<id>/data/, or the ``source`` folder's train and test files copied there
-    (a resume uploads what is there), uploaded to moto S3."""
-    from local.toy_data import write_split
-
-    data = run_dir / "data"
-    if (data / "eval.jsonl").exists():
-        paths: tuple[Path, Path] = (data / "train.jsonl", data / "eval.jsonl")
-    elif source is not None:
-        found = data_files(source)
-        data.mkdir(parents=True, exist_ok=True)
-        paths = (data / "train.jsonl", data / "eval.jsonl")
-        for split, path in zip(("train", "test"), paths):
-            shutil.copyfile(found[split], path)
-    else:
-        paths = write_split(data, rows[0], rows[1], seed)
-    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-    uris = {}
-    for name, path in zip(("train", "eval"), paths):
-        s3.upload_file(str(path), bucket, f"data/{name}/{Path(path).name}")
-        uris[name] = f"s3://{bucket}/data/{name}/"
-    return uris
-
-
 @dataclass
 class Ended:
     """How the execution ended, and what could not be read after it."""
@@ -438,7 +412,12 @@ def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> i
     execution_config = check_params(plan.params, plan.config)
     say(budget.describe_toy(execution_config.dapo))  # the toy's own figures: its model is not served on AWS
     if plan.data:  # checked before anything was created; a resume reads the copies
-        say(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train.jsonl, eval.jsonl)")
+        say(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train/, eval/)")
+        if not plan.run_id:
+            from local import user_data
+
+            for line in user_data.precheck(task_of(execution_config, toy_data=False), data_files(plan.data)):
+                say(f"data: {line}")
     for note in task_notes(task_of(execution_config, toy_data=False)):
         say(note)
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
@@ -479,7 +458,7 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
             tracking_env: dict[str, str], ended: Ended) -> None:
     """Start the stack, run the definition, read what the run left while the stack is up; ``ended`` learns how
     it went, whatever happens (a failed step, Ctrl-C, a dead service)."""
-    from local import report
+    from local import report, user_data
     from local.pipeline_runner import LocalExecution, PipelineFailed, StepRecord
     from local.stack import LocalStack
 
@@ -496,8 +475,8 @@ def execute(plan: Plan, run_dir: Path, args: argparse.Namespace, definition: dic
 
         say(f"local-run {run_dir.name}: moto {stack.moto_url}, training-session service {stack.service_url}")
         env = {**stack.env(), **tracking_env}
-        uris = upload_dataset(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
-                              plan.seed, plan.data)
+        uris = user_data.upload(stack.s3(), _bucket_of(definition), run_dir, (plan.train_rows, plan.eval_rows),
+                                plan.seed, plan.data)
         params = {"TrainDataS3Uri": uris["train"], "EvalDataS3Uri": uris["eval"], **plan.params}
         execution = LocalExecution(definition, params, stack.s3(), workdir, env, execution_id=run_dir.name,
                                    pipeline_name=pipeline_name, on_line=progress.line, on_status=on_status,

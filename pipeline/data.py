@@ -2,7 +2,8 @@
 
 Without ``--source`` it downloads the ``openai/gsm8k`` ``main`` parquet files (train and
 test) from the Hugging Face hub, which needs internet; with ``--source DIR`` it uploads the
-JSONL files you already have (a train file and a test or eval file in DIR), after the
+files you already have as they are (JSONL, JSON, CSV or parquet; a train file and a test, validation, eval, val
+or dev file in DIR, or a hub's shards of each: steps/tasks/splits.py), after the
 project's own validator (steps/validate.py, with the config's ``task`` section) accepts them:
 data that could not train, or whose gold answers the task's grader cannot read, is
 refused with the validator's message and nothing is uploaded. Either way the rows go to the
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -27,8 +27,6 @@ from steps.platform.versions import require_training_session_sdk
 GSM8K_REPO = "openai/gsm8k"
 GSM8K_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
 COLUMNS = ("question", "answer")
-#: Words a file name in --source holds to be taken for that split (train.jsonl, gsm8k-test.jsonl, eval.jsonl).
-SPLIT_WORDS = {"train": ("train",), "test": ("test", "eval")}
 #: Seconds the one request that tells whether the hub answers may take. huggingface_hub itself retries an
 #: unanswered request with backoff for ~25 s before it gives up; offline, one short try says as much.
 HUB_TIMEOUT = 10.0
@@ -52,6 +50,13 @@ def jsonl_destination(s3_uri: str, filename: str) -> tuple[str, str]:
     return bucket, key
 
 
+def destination(s3_uri: str, filename: str) -> tuple[str, str]:
+    """(bucket, key): ``filename`` under the prefix (a URI naming a .jsonl object: beside it)."""
+    bucket, _, key = s3_uri[len("s3://"):].partition("/")
+    key = key.rsplit("/", 1)[0] if key.endswith(".jsonl") else key
+    return bucket, f"{key.rstrip('/')}/{filename}".lstrip("/")
+
+
 def upload_jsonl(s3: Any, rows: Iterable[Mapping[str, Any]], s3_uri: str, filename: str) -> tuple[str, int]:
     """Write ``rows`` as JSONL (only the GSM8K fields) to S3; returns the object URI and the row count."""
     bucket, key = jsonl_destination(s3_uri, filename)
@@ -67,22 +72,18 @@ def upload_jsonl(s3: Any, rows: Iterable[Mapping[str, Any]], s3_uri: str, filena
 
 
 # -- --source: the files you have --------------------------------------------------------------
-def source_files(directory: Path) -> dict[str, Path]:
-    """The train and test files of ``directory``: the one .jsonl whose name holds each split's word."""
+def source_files(directory: Path) -> dict[str, list[Path]]:
+    """The train and held-out ("test") files of ``directory``, as a hub names them (steps/tasks/splits.py)."""
+    from steps.tasks.reader import DataError
+    from steps.tasks.splits import find_splits
+
     if not directory.is_dir():
         raise UserError(f"SOURCE={directory}: not a directory; give the folder that holds train.jsonl and test.jsonl")
-    candidates = sorted(directory.glob("*.jsonl"))
-    found = {}
-    for split, words in SPLIT_WORDS.items():
-        matches = [f for f in candidates if set(re.split(r"[-_. ]", f.stem.lower())) & set(words)]
-        if len(matches) != 1:
-            names = ", ".join(f.name for f in (matches or candidates)) or "no .jsonl file"
-            problem = "no" if not matches else f"{len(matches)}"
-            raise UserError(f"SOURCE={directory}: {problem} {split} files (a .jsonl named with "
-                            f"{' or '.join(repr(w) for w in words)}, e.g. {words[0]}.jsonl) among: {names}; "
-                            "keep exactly one per split in the folder")
-        found[split] = matches[0]
-    return found
+    try:
+        splits = find_splits(directory, "SOURCE=")
+    except DataError as exc:  # make data's own kind of refusal: the same message
+        raise UserError(str(exc)) from None
+    return {"train": list(splits.train), "test": list(splits.held_out)}
 
 
 def validated_source(directory: Path, batch_size: int, task: Any = None) -> dict[str, Path]:
@@ -94,8 +95,11 @@ def validated_source(directory: Path, batch_size: int, task: Any = None) -> dict
 
     paths = source_files(directory)
     with tempfile.TemporaryDirectory() as out:
-        report = validate(str(paths["train"]), str(paths["test"]), batch_size, Path(out),
-                          task=build_task(task) if task is not None else None)
+        report = validate(paths["train"], paths["test"], batch_size, Path(out),
+                          task=build_task(task) if task is not None else None,
+                          max_dropped_share=task.max_dropped_share if task is not None else 0.5)
+    for line in report["drops"]:  # what each split lost, by reason, as ValidateData prints it
+        print(f"data: {line}")
     if report["status"] != "accepted":
         raise UserError(f"{directory}: nothing uploaded (--batch-size is the config's dapo.batch_size, {batch_size}); "
                         f"{report['message']}")
@@ -172,10 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     s3 = aws_session(resolve_region(run.session.region, args.config)).client("s3")
     for split, uri in (("train", cfg.train_s3_uri), ("test", cfg.eval_s3_uri)):
         filename = f"gsm8k-{split}.jsonl"
-        if mine:
-            bucket, key = jsonl_destination(uri, filename)
-            s3.upload_file(str(mine[split]), bucket, key)
-            print(f"{split}: {mine[split]} -> s3://{bucket}/{key}")
+        if mine:  # as they are: ValidateData reads every format (a split's shards under their own names)
+            for f in mine[split]:
+                name = f.name if len(mine[split]) > 1 else f"gsm8k-{split}{f.suffix}"
+                bucket, key = jsonl_destination(uri, name) if f.suffix == ".jsonl" else destination(uri, name)
+                s3.upload_file(str(f), bucket, key)
+                print(f"{split}: {f} -> s3://{bucket}/{key}")
         else:
             dest, n = upload_jsonl(s3, parquet_rows(parquet[split]), uri, filename)
             bucket, key = jsonl_destination(uri, filename)

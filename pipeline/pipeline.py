@@ -139,11 +139,13 @@ JOB_RETRY_POLICIES = [
 STEP_TEXTS: dict[str, tuple[str, str]] = {
     "ValidateData": (
         "Validate-task-data",
-        "Checks the JSONL under TrainDataS3Uri and EvalDataS3Uri for the Task (each row a question and an answer in "
+        "Checks the data (JSONL, JSON, CSV or parquet) under TrainDataS3Uri and EvalDataS3Uri for the Task (each "
+        "row a question and an answer in "
         "the task's format; gsm8k: ending '#### N'), grades every row's own gold answer with the task's grader, drops "
         "train questions that also appear in eval, renders every prompt with BaseModel's tokenizer and chat template "
-        "and drops one whose prompt plus max_tokens exceeds the model's context, and needs at least BatchSize usable "
-        "train rows. Writes the rows that pass (train.jsonl, eval.jsonl) and validation.json; bad data, or gold "
+        "and drops one whose prompt plus max_tokens exceeds the model's context, prints each split's drops by reason, "
+        "refuses a split losing more than MaxDroppedShare of its rows, and needs at least BatchSize usable train "
+        "rows. Writes the rows that pass (train.jsonl, eval.jsonl) and validation.json; bad data, or gold "
         "answers the grader cannot read, fail this step, naming the file, row and fix, before anything is billed."),
     "TrainDAPO": (
         "Train-DAPO-LoRA-in-a-training-session",
@@ -360,6 +362,7 @@ def _validate_step(cfg: PipelineConfig, run: RunConfig, params: dict[str, Any],
             "--batch-size", params["BatchSize"].to_string(),
             "--output", VALIDATED_DIR,
             *length_check,
+            *_drop_argument(params),
             *task_args,
         ],
     )
@@ -374,6 +377,11 @@ def _task_arguments(run: RunConfig, params: dict[str, Any]) -> list[Any]:
     settings = run.task.model_dump()
     return ["--task", params["Task"], *(a for key, flag in flags.items() if settings[key] is not None
                                         for a in (flag, str(settings[key])))]
+
+
+def _drop_argument(params: dict[str, Any]) -> list[Any]:
+    """ValidateData's limit on the rows a split may lose (the MaxDroppedShare parameter)."""
+    return ["--max-dropped-share", params["MaxDroppedShare"].to_string()]
 
 
 def _tracking_environment(cfg: PipelineConfig) -> dict[str, Any]:

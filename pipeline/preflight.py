@@ -12,7 +12,7 @@ Then with read-only calls:
 - the pipeline role (and the training session's role) exists and its trust policy lets
   ``sagemaker.amazonaws.com`` assume it (``iam:GetRole``);
 - the step image is in ECR (``ecr:DescribeImages``; other registries are not checked);
-- each data prefix holds at least one ``.jsonl`` object (``s3:ListBucket``);
+- each data prefix holds at least one data object, ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` (``s3:ListBucket``);
 - the Public Hub of the region serves the base model for training sessions, by the SDK's own
   live scan (``sagemaker:ListHubContents`` + ``sagemaker:DescribeHubContent``).
 
@@ -223,13 +223,18 @@ def _keys(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
 
 
 def check_data(session: boto3.Session, uri: str, setting: str) -> None:
-    """At least one ``.jsonl`` object under the prefix (the first page that has one ends the listing)."""
+    """At least one data object (``.jsonl``, ``.json``, ``.csv``, ``.parquet``: steps/tasks/reader.py) under the
+    prefix (the first page that has one ends the listing)."""
     bucket, _, prefix = uri[len("s3://"):].partition("/")
     absent = {"NoSuchBucket": f"{setting}: bucket {bucket} of {uri} does not exist; create it and run 'make data'"}
-    found = _read(lambda: any(key.endswith(".jsonl") for key in _keys(session.client("s3"), bucket, prefix)),
+    from steps.tasks.reader import READERS  # the formats ValidateData reads
+
+    found = _read(lambda: any(key.lower().endswith(tuple(READERS)) for key in _keys(session.client("s3"), bucket,
+                                                                                  prefix)),
                   absent, f"the data under {uri}", "s3:ListBucket")
     if found is False:
-        raise UserError(f"{setting}: no .jsonl object under {uri}; upload GSM8K JSONL there with 'make data'")
+        raise UserError(f"{setting}: no data object ({', '.join(READERS)}) under {uri}; upload your data there with "
+                        "'make data'")
 
 
 def served_base_models(session: boto3.Session) -> frozenset[str]:

@@ -1,14 +1,17 @@
-"""ValidateData step: check a task's JSONL data and write cleaned copies.
+"""ValidateData step: check a task's data (JSONL, JSON, CSV or parquet: steps/tasks/reader.py) and write cleaned
+JSONL copies.
 
     python -m steps.validate --train PATH --eval PATH --batch-size N --output DIR [--on-overlap remove|fail]
-        [--task NAME] [--question-field F] [--answer-field F] [--choices-field F] [--grader MOD:ATTR]
-        [--code-dir DIR]
+        [--max-dropped-share F] [--task NAME] [--question-field F] [--answer-field F] [--choices-field F]
+        [--grader MOD:ATTR] [--code-dir DIR]
         [--base-model ARN [--region R] [--tokenizer DIR] --max-tokens N [--max-context-tokens N]
          [--chat-template-kwargs JSON]]
 
 The task (the config's ``task`` section: steps/tasks/) says which fields a row needs and how its gold
 answer is read; every row's own gold (reference) answer is graded by the task's grader, and a split whose
-gold answers the grader mostly cannot read is refused, naming the first rows and why.
+gold answers the grader mostly cannot read is refused, naming the first rows and why. Each split's dropped rows
+are printed by reason, with the first file:line of each (``data:`` lines, steps/tasks/drops.py), and a split that
+loses more than ``--max-dropped-share`` (task.max_dropped_share, 0.5) of its rows is refused.
 
 With a base model (the pipeline always passes one), every question is rendered
 with the model's own tokenizer and chat template, as TrainDAPO will render it,
@@ -47,8 +50,13 @@ from typing import Any
 from steps.cli import Refused, parameter, run_step
 from steps.config import ConfigError, TaskConfig, config_from_dict
 from steps.config.load import task_name_problem
-from steps.gsm8k.data import DataError, jsonl_files
-from steps.gsm8k.rules import (
+from steps.platform import files
+from steps.platform.tokenizer import describe_base_model, load_tokenizer
+from steps.platform.versions import require_training_session_sdk
+from steps.tasks import RowTask, build_task, default_task
+from steps.tasks.drops import drop_lines, too_many_dropped
+from steps.tasks.reader import DataError, data_files
+from steps.tasks.rules import (
     SHOWN,
     PromptBudget,
     SplitScan,
@@ -57,10 +65,6 @@ from steps.gsm8k.rules import (
     scan_split,
     sha256_file,
 )
-from steps.platform import files
-from steps.platform.tokenizer import describe_base_model, load_tokenizer
-from steps.platform.versions import require_training_session_sdk
-from steps.tasks import RowTask, build_task, default_task
 
 OUTPUTS = ("validation.json", "train.jsonl", "eval.jsonl")
 
@@ -111,7 +115,7 @@ def _check_paths(train: str, eval_: str) -> None:
     problems = []
     for flag, path in (("--train", train), ("--eval", eval_)):
         try:
-            jsonl_files(path)
+            data_files(path)
         except DataError as exc:
             problems.append(f"{flag} {exc}")
     if problems:
@@ -119,11 +123,13 @@ def _check_paths(train: str, eval_: str) -> None:
 
 
 def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap: str = "remove",
-             budget: PromptBudget | None = None, task: RowTask | None = None) -> dict:
-    """Validate, write the outputs, and return the report (status accepted/refused).
+             budget: PromptBudget | None = None, task: RowTask | None = None, max_dropped_share: float = 0.5) -> dict:
+    """Validate, write the outputs, and return the report (status accepted/refused; ``drops``: the lines saying
+    what each split dropped, by reason).
 
     ``budget``: reject questions too long for the model (see :class:`PromptBudget`). ``task``: the rows'
     task (steps/tasks; default GSM8K): its row rules, and its grader checked against every gold answer.
+    ``max_dropped_share``: a split losing more of its rows is refused.
     """
     task = task or default_task()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,6 +146,7 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
             scans["train"] = scan_split("train", train, train_out, eval_digests=scans["eval"].digests, budget=budget,
                                         task=task)
             problems = refusal_problems(scans["train"], scans["eval"], batch_size, on_overlap, task.name)
+            problems += [p for p in (too_many_dropped(scans[n], max_dropped_share) for n in ("eval", "train")) if p]
             if problems:
                 raise DataError("\n- ".join(problems))
     except DataError as exc:
@@ -148,6 +155,8 @@ def validate(train: str, eval_: str, batch_size: int, out_dir: Path, on_overlap:
     else:
         report = build_report("accepted", "", batch_size, on_overlap, scans, budget, task)
         report["message"] = summary(report)
+    report["drops"] = [line for name in ("train", "eval") if name in scans for line in drop_lines(scans[name])]
+    report["max_dropped_share"] = max_dropped_share
     files.write_json(out_dir / "validation.json", report, indent=2)
     return report
 
@@ -164,7 +173,7 @@ def checked_by_validate(held_out: str, validated: Path) -> bool:
     checked = files.read_json(validated / "validation.json", "Run ValidateData again (a new execution).")
     inputs = ((checked.get("splits") or {}).get("eval") or {}).get("inputs") or []
     try:
-        ours = sorted(sha256_file(f) for f in jsonl_files(held_out))
+        ours = sorted(sha256_file(f) for f in data_files(held_out))
     except (DataError, OSError) as exc:
         raise Refused(f"the held-out data (EvalDataS3Uri): {exc}") from None
     return ours == sorted(i["sha256"] for i in inputs)
@@ -244,6 +253,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
+    return value
+
+
 def prompt_budget(args: argparse.Namespace) -> PromptBudget | None:
     """The length check the arguments ask for: None without a base model or tokenizer, or without a context."""
     if args.base_model is None and args.tokenizer is None:
@@ -283,8 +302,8 @@ def _json_mapping(text: str) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m steps.validate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--train", required=True, help="a .jsonl file or a directory of them")
-    p.add_argument("--eval", required=True, help="a .jsonl file or a directory of them")
+    p.add_argument("--train", required=True, help="a data file (.jsonl, .json, .csv, .parquet) or a directory of them")
+    p.add_argument("--eval", required=True, help="a data file (.jsonl, .json, .csv, .parquet) or a directory of them")
     p.add_argument("--batch-size", required=True, type=_positive_int, help="prompts per step: the minimum train rows")
     p.add_argument("--output", required=True, help="directory for validation.json and the cleaned files")
     p.add_argument(
@@ -293,8 +312,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="remove",
         help="a train question also in eval: drop it from train (default) or refuse the data",
     )
+    p.add_argument("--max-dropped-share", type=_share, default=0.5,
+                   help="refuse a split that loses more than this share of its rows (task.max_dropped_share; "
+                        "the MaxDroppedShare parameter; 1: any)")
     task = p.add_argument_group("task", "the rows' task (the config's task section); default gsm8k")
-    task.add_argument("--task", default=None, help="gsm8k, hash, boxed, answer_is, choice, or custom (with --grader)")
+    task.add_argument("--task", default=None,
+                      help="gsm8k, hash, boxed, answer_is, choice, number, or custom (with --grader)")
     task.add_argument("--question-field", help="the question's field (task.question_field; default: auto-detected)")
     task.add_argument("--answer-field", help="the answer's field (task.answer_field; default: auto-detected)")
     task.add_argument("--choices-field", help="the options' field of the choice task (task.choices_field)")
@@ -341,7 +364,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise Refused(f"--output {out_dir}: cannot create directory ({exc.strerror})") from None
     task = build_task(task_config(args))
-    report = validate(args.train, args.eval, args.batch_size, out_dir, args.on_overlap, prompt_budget(args), task)
+    report = validate(args.train, args.eval, args.batch_size, out_dir, args.on_overlap, prompt_budget(args), task,
+                      args.max_dropped_share)
+    for line in report["drops"]:  # nothing dropped in silence: the local run's terminal shows these
+        print(f"data: {line}", flush=True)
     if report["status"] != "accepted":
         raise Refused(report["message"])
     print(report["message"])

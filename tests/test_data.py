@@ -63,15 +63,15 @@ def test_source_data_that_cannot_train_is_refused_with_the_validators_message_an
 @pytest.mark.skipif(not GSM8K.is_dir(), reason=f"{GSM8K} (real GSM8K) is absent on this machine")
 def test_the_real_gsm8k_folder_is_recognised():
     """openai/grade-school-math's own names: train.jsonl, test.jsonl (example_model_solutions.jsonl is neither)."""
-    assert data.source_files(GSM8K) == {"train": GSM8K / "train.jsonl", "test": GSM8K / "test.jsonl"}
+    assert data.source_files(GSM8K) == {"train": [GSM8K / "train.jsonl"], "test": [GSM8K / "test.jsonl"]}
 
 
 def test_a_source_folder_must_name_one_file_per_split(tmp_path):
     (tmp_path / "gsm8k-train.jsonl").write_text("")
     (tmp_path / "eval.jsonl").write_text("")
-    assert data.source_files(tmp_path) == {"train": tmp_path / "gsm8k-train.jsonl", "test": tmp_path / "eval.jsonl"}
+    assert data.source_files(tmp_path) == {"train": [tmp_path / "gsm8k-train.jsonl"], "test": [tmp_path / "eval.jsonl"]}
     (tmp_path / "train_socratic.jsonl").write_text("")
-    with pytest.raises(UserError, match=r"2 train files .* among: gsm8k-train.jsonl, train_socratic.jsonl; "
+    with pytest.raises(UserError, match=r"SOURCE=.*: 2 train files among: gsm8k-train.jsonl, train_socratic.jsonl; "
                                         r"keep exactly one per split"):
         data.source_files(tmp_path)
     with pytest.raises(UserError, match=r"not a directory"):

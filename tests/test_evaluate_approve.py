@@ -9,9 +9,9 @@ import pytest
 from steps import evaluate
 from steps.config import load_config
 from steps.dapo import stats
-from steps.gsm8k.data import load_examples
 from steps.gsm8k.task import GSM8K
 from steps.platform import billing
+from steps.tasks import load_examples
 from tests.test_service_wire import control_client
 from tests.test_train import toy_tokenizer
 

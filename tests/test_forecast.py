@@ -12,7 +12,7 @@ from steps.dapo import state as ckpt_io
 from steps.dapo.forecast import forecast
 from steps.dapo.sampling import Group, Rollout
 from steps.dapo.task import Grade
-from steps.gsm8k.data import load_examples
+from steps.tasks import load_examples
 from tests.test_train import LOCAL_CONFIG, Scripted, run_trainer
 
 

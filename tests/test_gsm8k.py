@@ -7,10 +7,10 @@ from local.training_session.toy.tokenizer import ToyTokenizer
 from steps.dapo.chat import answer_region, completion_text, opens_reasoning
 from steps.dapo.sampling import RewardShaping, overlong_penalty, reward
 from steps.gsm8k.answer import extract_answer, gold_answer, grade
-from steps.gsm8k.data import Example
 from steps.gsm8k.prompt import INSTRUCTION, build_messages, render_prompt
-from steps.gsm8k.rules import normalize_question
 from steps.gsm8k.task import GSM8K
+from steps.tasks import Example
+from steps.tasks.rules import normalize_question
 
 # (completion, gold, extracted (lenient), formatted, strict correct, lenient correct)
 COMPLETIONS = [

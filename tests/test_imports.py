@@ -314,3 +314,12 @@ def test_two_sub_packages_in_a_circle_are_refused_though_no_two_modules_are(tmp_
         f"steps/c/__init__.py:1: steps.c imports pipeline.start {UP}",
         f"local/__init__.py:1: local imports bench.loops {UP}",
         "import cycle in steps/: steps.a -> steps.b -> steps.a: steps/a/x.py:1; steps/b/z.py:1"]
+
+
+MAX_LINES = 600  # a module longer than this holds more than one idea: split it
+
+
+def test_no_product_file_is_over_600_lines() -> None:
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in modules(ROOT).values()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    assert long == [], f"split these by idea (at most {MAX_LINES} lines each):\n  " + "\n  ".join(long)

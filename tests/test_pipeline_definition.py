@@ -225,7 +225,9 @@ def test_validate_step_contract(definition):
     assert container_args[8:16] == ["--base-model", {"Get": "Parameters.BaseModel"}, "--max-tokens", "512",
                                     "--chat-template-kwargs", "{}", "--region", "us-west-2"]
     # The rows' task: the Task parameter (the config's other task settings only when set).
-    assert container_args[16:] == ["--task", {"Get": "Parameters.Task"}]
+    # The rows a split may lose (the MaxDroppedShare parameter), then the rows' task.
+    assert container_args[16] == "--max-dropped-share" and gets(container_args[17]) == {"Parameters.MaxDroppedShare"}
+    assert container_args[18:] == ["--task", {"Get": "Parameters.Task"}]
     ins = inputs(step(definition, "ValidateData"))
     assert set(ins) == {"train", "eval"}  # no tokenizer input unless pipeline.tokenizer_s3_uri is set
     assert ins["train"]["S3Uri"] == {"Get": "Parameters.TrainDataS3Uri"}
@@ -417,6 +419,7 @@ def test_parameters_and_their_defaults_come_from_the_config(definition, built):
         "EvalDataS3Uri": ("String", cfg.eval_s3_uri),
         "BaseModel": ("String", s.base_model),
         "Task": ("String", "gsm8k"),
+        "MaxDroppedShare": ("Float", 0.5),
         "BatchSize": ("Integer", 16),
         "GroupSize": ("Integer", 8),
         "MaxSteps": ("Integer", 30),

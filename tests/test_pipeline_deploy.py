@@ -130,8 +130,9 @@ def test_deploy_refuses_an_image_not_in_ecr(account, tmp_path):
 def test_deploy_refuses_data_prefixes_without_jsonl(account, tmp_path):
     session, calls = account
     cfg, run = load(write_config(tmp_path, pipeline={"eval_s3_uri": f"s3://{BUCKET}/data/evaluation"}))
-    with pytest.raises(UserError, match=rf"^'pipeline.eval_s3_uri': no .jsonl object under s3://{BUCKET}/data/"
-                                        r"evaluation/; upload GSM8K JSONL there with 'make data'$"):
+    with pytest.raises(UserError, match=rf"^'pipeline.eval_s3_uri': no data object \(.jsonl, .json, .csv, "
+                                        rf".parquet\) under s3://{BUCKET}/data/evaluation/; upload your data there "
+                                        r"with 'make data'$"):
         deploy_cmd.deploy(cfg, run, session, "config.yaml")
     assert "CreatePipeline" not in calls
 
@@ -275,7 +276,8 @@ def test_start_passes_parameter_overrides(pipeline_in_moto, config):
         ({"LearningRate": "-1e-5"}, "'dapo.learning_rate' must be in (0, 0.01]"),
         ({"AccuracyThreshold": "2"}, "AccuracyThreshold=2: 'pipeline.accuracy_threshold' must be in [0, 1]"),
         ({"TrainDataS3Uri": f"s3://{BUCKET}/data/other"},
-         f"parameter TrainDataS3Uri: no .jsonl object under s3://{BUCKET}/data/other/; upload GSM8K JSONL there"),
+         f"parameter TrainDataS3Uri: no data object (.jsonl, .json, .csv, .parquet) under s3://{BUCKET}/data/other/; "
+         "upload your data there"),
         ({"BaseModel": hub_model_arn("local-toy-arith")},
          "parameter BaseModel: local-toy-arith is the local training-session service's toy model"),
         ({"BaseModel": hub_model_arn("openai-reasoning-gpt-oss-20b")},

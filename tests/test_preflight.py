@@ -302,8 +302,8 @@ def test_a_prefix_without_jsonl_is_refused(session, keys):
     for key in keys:
         session.client("s3").put_object(Bucket=BUCKET, Key=key, Body=b"{}\n")
     assert refusal(preflight.check_data, session, f"s3://{BUCKET}/data/empty/", "'pipeline.eval_s3_uri'") == (
-        f"'pipeline.eval_s3_uri': no .jsonl object under s3://{BUCKET}/data/empty/; "
-        "upload GSM8K JSONL there with 'make data'")
+        f"'pipeline.eval_s3_uri': no data object (.jsonl, .json, .csv, .parquet) under s3://{BUCKET}/data/empty/; "
+        "upload your data there with 'make data'")
 
 
 def test_a_single_jsonl_object_is_data(session):
@@ -330,9 +330,10 @@ def test_a_model_the_regions_hub_does_not_serve_is_refused(session):
 def test_start_names_the_parameter_that_set_a_value(session, run, tmp_path):
     empty = with_changes(tmp_path, pipeline={"train_s3_uri": f"s3://{BUCKET}/x"})
     assert refusal(preflight.before_start, session, empty, "config.yaml", {"TrainDataS3Uri": f"s3://{BUCKET}/x"}
-                   ).startswith(f"parameter TrainDataS3Uri: no .jsonl object under s3://{BUCKET}/x/")
+                   ).startswith(f"parameter TrainDataS3Uri: no data object (.jsonl, .json, .csv, .parquet) under "
+                                f"s3://{BUCKET}/x/")
     assert refusal(preflight.before_start, session, empty, "config.yaml", {}).startswith(
-        "'pipeline.train_s3_uri': no .jsonl")
+        "'pipeline.train_s3_uri': no data object")
     toy = with_changes(tmp_path, session={"base_model": hub_model_arn("local-toy-arith")})
     assert refusal(preflight.before_start, session, toy, "config.yaml", {"BaseModel": "..."}).startswith(
         "parameter BaseModel: local-toy-arith is the local training-session service's toy model")

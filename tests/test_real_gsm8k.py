@@ -18,7 +18,7 @@ import pytest
 from steps import validate
 from steps.dapo.sampling import RewardShaping, reward
 from steps.gsm8k.answer import canonical, gold_answer, grade
-from steps.gsm8k.data import PROMPT_TOO_LONG, RowError, iter_lines
+from steps.tasks.reader import PROMPT_TOO_LONG, RowError, iter_lines
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 TRAIN, TEST, SOLUTIONS = DATA / "train.jsonl", DATA / "test.jsonl", DATA / "example_model_solutions.jsonl"
@@ -97,7 +97,7 @@ def test_the_prompt_length_check_on_the_real_questions(tmp_path):
     from transformers import AutoTokenizer
 
     from local.training_session.toy.tokenizer import HF_FILES
-    from steps.gsm8k.rules import PromptBudget
+    from steps.tasks.rules import PromptBudget
 
     budget = PromptBudget(AutoTokenizer.from_pretrained(str(HF_FILES)), {}, 1024, 1024 + 400, "a test context")
     t0 = time.perf_counter()

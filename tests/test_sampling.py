@@ -21,8 +21,8 @@ from steps.dapo.sampling import (
     derived_seed,
 )
 from steps.dapo.task import Grade
-from steps.gsm8k.data import Example
 from steps.gsm8k.task import GSM8K, Gsm8k
+from steps.tasks import Example
 
 NO_EVIDENCE = (0, 0)
 

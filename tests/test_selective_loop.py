@@ -9,7 +9,7 @@ from steps.config import load_config
 from steps.dapo import metrics as metrics_io
 from steps.dapo import state as ckpt_io
 from steps.dapo.selective import ALL_WRONG, MIXED
-from steps.gsm8k.data import load_examples
+from steps.tasks import load_examples
 from tests.test_train import LOCAL_CONFIG, Scripted, run_trainer, toy_data  # noqa: F401 - toy_data: a fixture
 
 pytestmark = pytest.mark.usefixtures("local_service")

@@ -17,9 +17,9 @@ from steps.config import ConfigError, TaskConfig, apply_overrides, config_from_d
 from steps.config.parameters import BY_NAME, HYPERPARAMETERS
 from steps.gsm8k.answer import grade as gsm8k_grade
 from steps.gsm8k.prompt import build_messages
-from steps.gsm8k.rules import GRADER_DISAGREES
 from steps.tasks import BUILTIN_TASKS, build_task, load_examples
 from steps.tasks.formats import ANSWER_IS_INSTRUCTION, BOXED_INSTRUCTION, CHOICE_INSTRUCTION
+from steps.tasks.rules import GRADER_DISAGREES
 from steps.tasks.task import TaskError, load_entry_point
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def test_the_task_section_its_defaults_and_its_errors_name_the_key():
     assert load_yaml(ROOT / "config" / "default.yaml")["task"] == TaskConfig().model_dump()
     assert config_from_dict({"task": {"grader": "mod:attr"}}).task.name == "custom"  # a grader is the choice
     with pytest.raises(ConfigError, match=r"'task.name' must be one of gsm8k, hash, boxed, answer_is, choice, "
-                                          r"custom, got 'math'"):
+                                          r"number, custom, got 'math'"):
         config_from_dict({"task": {"name": "math"}}, source="c.yaml")
     with pytest.raises(ConfigError, match=r"c.yaml: 'task.grader' is used only with 'task.name: custom'"):
         config_from_dict({"task": {"name": "boxed", "grader": "mod:attr"}}, source="c.yaml")
@@ -304,7 +304,7 @@ def test_make_check_task_shows_three_prompts_and_the_graders_verdicts_offline(tm
     refused = subprocess.run(["make", "-s", "check-task", f"DATA={data}", "TASK=boxed"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0
-    assert "error: the boxed task's grader cannot read the gold answers of train.jsonl: it agreed with 0 of 6" \
+    assert "error: the boxed task's grader cannot read the gold answers of train: it agreed with 0 of 6" \
         in " ".join(refused.stderr.split())
     assert "these answers read as the built-in task answer_is" in " ".join(refused.stderr.split())
     # A person's terminal: within 100 columns, the refusal too, and nothing from a library.
@@ -320,7 +320,8 @@ def _run(tmp_path: Path, *extra: str) -> int:
 
 def test_a_folder_that_does_not_fit_or_a_task_the_toy_data_lacks_is_refused_before_anything_is_created(tmp_path):
     write(tmp_path / "mine" / "train.jsonl", answer_is_rows(4))
-    with pytest.raises(Exception, match=r"^--data \S*mine: no test files \(a .jsonl named with 'test' or 'eval'"):
+    with pytest.raises(Exception, match=r"^--data \S*mine: no held-out file among train.jsonl: .* train and one of "
+                                        r"test, validation, eval, val, dev .* the formats read: JSONL \(.jsonl\), JSON"):
         _run(tmp_path, "--data", str(tmp_path / "mine"))
     with pytest.raises(Exception, match=r"task boxed: the generated toy data is GSM8K's format .* --data <dir>"):
         _run(tmp_path, "--task", "boxed")

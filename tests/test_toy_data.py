@@ -70,7 +70,7 @@ def test_cli_writes_the_split_as_make_data_reads_it(tmp_path, capsys):
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 30
     assert len((tmp_path / "test.jsonl").read_text().splitlines()) == 5
     assert "wrote 30 gsm8k rows" in capsys.readouterr().out
-    assert source_files(tmp_path) == {"train": tmp_path / "train.jsonl", "test": tmp_path / "test.jsonl"}
+    assert source_files(tmp_path) == {"train": [tmp_path / "train.jsonl"], "test": [tmp_path / "test.jsonl"]}
 
 
 @pytest.mark.parametrize("fmt, fields", [("gsm8k", {"question", "answer"}), ("boxed", {"problem", "solution"}),

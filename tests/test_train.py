@@ -22,10 +22,10 @@ from steps.dapo.loop import Trainer
 from steps.dapo.sampling import DataPosition, GroupSampler, RewardShaping, take
 from steps.dapo.state import LoopState
 from steps.dapo.task import Grade
-from steps.gsm8k.data import Example, load_examples
 from steps.gsm8k.task import GSM8K, Gsm8k
 from steps.platform.session import lora_kwargs
 from steps.platform.tokenizer import load_tokenizer
+from steps.tasks import Example, load_examples
 from tests.local_service import BASE_MODEL_ARN, ENDPOINT_ENV_VARS, client_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,9 +13,10 @@ import pytest
 
 from steps import validate
 from steps.cli import ENV_CALLER
-from steps.gsm8k import data, rules
-from steps.gsm8k.data import DataError, Example, iter_lines, jsonl_files, load_examples
-from steps.gsm8k.rules import DigestSet
+from steps.tasks import Example, formats, load_examples, rules
+from steps.tasks import reader as data
+from steps.tasks.reader import DataError, data_files, iter_lines
+from steps.tasks.rules import DigestSet
 from steps.validate import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,10 +79,10 @@ BAD_ROWS = [
     ("answer-list", {"question": "Q?", "answer": ["#### 7"]}, data.ANSWER_NOT_STRING),
     ("empty-question", row(""), data.EMPTY_QUESTION),
     ("blank-question", row(" \t "), data.EMPTY_QUESTION),
-    ("no-hashes", row("Q?", "3 + 4 = 7"), data.NO_FINAL_ANSWER),
-    ("hashes-no-number", row("Q?", "3 + 4 = 7\n####"), data.NO_FINAL_ANSWER),
-    ("word-number", row("Q?", "#### seven"), data.NO_FINAL_ANSWER),
-    ("empty-answer", row("Q?", ""), data.NO_FINAL_ANSWER),
+    ("no-hashes", row("Q?", "3 + 4 = 7"), formats.NO_FINAL_ANSWER),
+    ("hashes-no-number", row("Q?", "3 + 4 = 7\n####"), formats.NO_FINAL_ANSWER),
+    ("word-number", row("Q?", "#### seven"), formats.NO_FINAL_ANSWER),
+    ("empty-answer", row("Q?", ""), formats.NO_FINAL_ANSWER),
     ("duplicate", GOOD[1], rules.DUPLICATE_QUESTION),
     ("duplicate-case-space", row("  ANN has 1 apples and buys 4 more.  How many apples does Ann have?"),
      rules.DUPLICATE_QUESTION),
@@ -209,7 +210,7 @@ def test_missing_inputs_are_refused_naming_every_path(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert f"--train {tmp_path / 'nope.jsonl'}: no such file" in err
-    assert f"--eval {empty_dir}: directory contains no .jsonl files" in err
+    assert f"--eval {empty_dir}: no data file among no file; the formats read: JSONL (.jsonl), JSON" in err
     assert report["status"] == "refused" and report["splits"] == {}
 
 
@@ -247,7 +248,7 @@ def test_cli_exit_code_and_message(tmp_path, eval_file):
 
 def test_load_examples_names_file_and_line_of_a_bad_row(tmp_path):
     f = write_jsonl(tmp_path / "clean.jsonl", [*GOOD, {"question": "Q?", "answer": "no number"}])
-    with pytest.raises(ValueError, match=rf"clean.jsonl:5: {data.NO_FINAL_ANSWER}"):
+    with pytest.raises(ValueError, match=rf"clean.jsonl:5: {formats.NO_FINAL_ANSWER}"):
         load_examples(f)
     assert load_examples(write_jsonl(f, GOOD[:2])) == [Example(GOOD[0]["question"], "4"),
                                                        Example(GOOD[1]["question"], "5")]
@@ -255,7 +256,7 @@ def test_load_examples_names_file_and_line_of_a_bad_row(tmp_path):
 
 def test_jsonl_files_and_iter_lines(tmp_path):
     with pytest.raises(DataError, match="no such file"):
-        jsonl_files(tmp_path / "missing")
+        data_files(tmp_path / "missing")
     f = write_jsonl(tmp_path / "x.jsonl", [b"", GOOD[0], b"   ", b"[]"])
     assert [(line.line_no, line.error) for line in iter_lines(f)] == [(2, None), (4, data.NOT_OBJECT)]
 

@@ -148,7 +148,7 @@ class DapoConfig(Section):
 
 
 #: The built-in tasks (steps/tasks/): an answer format each; ``custom`` is the user's own grader (``task.grader``).
-TaskName = Literal["gsm8k", "hash", "boxed", "answer_is", "choice", "custom"]
+TaskName = Literal["gsm8k", "hash", "boxed", "answer_is", "choice", "number", "custom"]
 _FIELD_RULE = _rule("must be the name of a field of the JSONL rows (letters, digits, _ and -)")
 _FIELD = r"^[A-Za-z0-9_\-]{1,64}$"
 
@@ -167,6 +167,10 @@ class TaskConfig(Section):
     grader: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", json_schema_extra=_rule(
         "must be an entry point package.module:attr (an object with prompt() and grade(), or a factory of one)"))
     code_dir: str | None = Field(None, min_length=1)
+    # A split that loses more than this share of its rows (invalid, duplicate, asked in the held-out split, a field
+    # or a gold answer missing) is refused by ValidateData and check-task: most of a dataset dropped is more often
+    # the wrong task or fields than bad rows. 1: any share (the pipeline parameter MaxDroppedShare).
+    max_dropped_share: float = Field(0.5, ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -36,11 +36,15 @@ class Parameter:
 
 
 PARAMETERS = (
-    Parameter("TrainDataS3Uri", "pipeline.train_s3_uri", "String", "GSM8K JSONL prefix of the train split"),
-    Parameter("EvalDataS3Uri", "pipeline.eval_s3_uri", "String", "GSM8K JSONL prefix of the held-out split"),
+    Parameter("TrainDataS3Uri", "pipeline.train_s3_uri", "String",
+              "S3 prefix of the train split (JSONL, JSON, CSV or parquet files)"),
+    Parameter("EvalDataS3Uri", "pipeline.eval_s3_uri", "String", "S3 prefix of the held-out split (the same formats)"),
     Parameter("BaseModel", "session.base_model", "String", "Hub model ARN to fine-tune"),
     Parameter("Task", "task.name", "String",
-              "the task: gsm8k, hash, boxed, answer_is, choice (built-in answer formats) or custom (task.grader)"),
+              "the task: gsm8k, hash, boxed, answer_is, choice, number (built-in answer formats) or custom "
+              "(task.grader)"),
+    Parameter("MaxDroppedShare", "task.max_dropped_share", "Float",
+              "ValidateData refuses a split that loses more than this share of its rows (1: any)"),
     Parameter("BatchSize", "dapo.batch_size", "Integer", "informative groups per optimizer step"),
     Parameter("GroupSize", "dapo.group_size", "Integer", "completions per prompt"),
     Parameter("MaxSteps", "dapo.max_steps", "Integer", "optimizer steps"),

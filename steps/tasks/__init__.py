@@ -1,6 +1,10 @@
 """The task a run trains on, chosen by the config's ``task`` section (and the ``Task`` pipeline parameter).
 
-- ``formats``: the built-in answer formats (``gsm8k``, ``hash``, ``boxed``, ``answer_is``, ``choice``): the
+- ``reader``: the rows of JSONL, JSON, CSV and parquet files, each with its file and line; ``splits``: which files
+  of a folder are the train and the held-out split (``train``; ``test``, ``validation``, ``eval``, ``val``, ``dev``);
+- ``rules``: which rows a dataset may train on (duplicates, train/held-out overlap, refusals); ``drops``: the rows
+  dropped, by reason, as check-task and ValidateData print them;
+- ``formats``: the built-in answer formats (``gsm8k``, ``hash``, ``boxed``, ``answer_is``, ``choice``, ``number``): the
   instruction, the gold answer's reading, the strict and lenient readings of a completion;
 - ``answers``: the readers and the comparison (numbers as exact decimals, text without spacing or case);
 - ``rows``: the examples, and which fields of a row hold the question, the answer and the choices;
@@ -13,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from steps.config.models import TaskConfig
-from steps.gsm8k.data import DataError, RowError, iter_lines
 from steps.tasks.formats import FORMATS
+from steps.tasks.reader import DataError, RowError, iter_lines
 from steps.tasks.rows import Example, Fields
 from steps.tasks.task import RowTask, TaskError, build_task
 
@@ -29,8 +33,10 @@ def default_task() -> RowTask:
     return build_task(TaskConfig())
 
 
-def load_examples(path: str | Path, task: RowTask) -> list:
-    """Examples from CLEANED files (ValidateData's output); a bad row is an error naming file:line."""
+def load_examples(path: str | Path, task: RowTask | None = None) -> list:
+    """Examples from CLEANED files (ValidateData's output); a bad row is an error naming file:line. ``task``:
+    default GSM8K."""
+    task = task or default_task()
     examples, fields = [], {}
     for line in iter_lines(path):
         try:

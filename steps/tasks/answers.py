@@ -12,6 +12,8 @@ final period ignored (``\\frac{1}{2}`` = ``\\frac {1} {2}``).
 from __future__ import annotations
 
 import re
+from decimal import Decimal
+from fractions import Fraction
 from typing import Sequence
 
 from steps.gsm8k.answer import NUMBER, canonical
@@ -43,18 +45,20 @@ def last_hash(text: str) -> str | None:
     return found[-1] if found else None
 
 
+def _boxed_at(text: str, m: re.Match) -> str | None:
+    """The contents of the ``\\boxed{`` matched at ``m``, braces balanced; None when it is left open."""
+    depth, start = 1, m.end()
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i].strip()
+    return None
+
+
 def boxed_values(text: str) -> list[str]:
     r"""The contents of every ``\boxed{...}``, braces balanced (``\boxed{\frac{1}{2}}`` -> ``\frac{1}{2}``);
     one left open (cut off) is not an answer."""
-    values = []
-    for m in _BOXED_RE.finditer(text):
-        depth, start = 1, m.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                values.append(text[start:i].strip())
-                break
-    return values
+    return [v for v in (_boxed_at(text, m) for m in _BOXED_RE.finditer(text)) if v is not None]
 
 
 def last_boxed(text: str) -> str | None:
@@ -127,3 +131,66 @@ def letter(value: str | None, n_choices: int) -> str | None:
 
 def letters(n_choices: int) -> Sequence[str]:
     return [chr(ord("A") + i) for i in range(n_choices)]
+
+
+# -- bare numbers and fractions (the number task) ------------------------------------------------------------
+_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
+# "3/4", "-3.5", "1,000", "- 5" (the toy tokenizer's spaced sign), "$18".
+_FRACTION = rf"(?:(?<![\w)])[-+]\s*)?\$?(?:{_UNSIGNED})(?:\s*/\s*(?:{_UNSIGNED}))?"
+_FRACTION_RE = re.compile(_FRACTION)
+_WHOLE_RE = re.compile(rf"([-+]?)({_UNSIGNED})(?:/({_UNSIGNED}))?")
+_COMMITTED_NUMBER_RE = re.compile(rf"####[\s:=*$]*(?P<v>{_FRACTION})")
+_LATEX_FRAC_RE = re.compile(r"\\\s*[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+
+
+def as_fraction(value: str | None) -> Fraction | None:
+    """The exact value of a number or fraction written whole ("1,000", "-3.5", "3/4", "$5", "\\frac{3}{4}")."""
+    if value is None:
+        return None
+    text = _LATEX_FRAC_RE.sub(r"\1/\2", clean(value))
+    m = _WHOLE_RE.fullmatch(re.sub(r"[\s$]", "", text))
+    if m is None:
+        return None
+    number = Fraction(Decimal(m.group(2).replace(",", "")))
+    if m.group(3) is not None:
+        denominator = Fraction(Decimal(m.group(3).replace(",", "")))
+        if denominator == 0:
+            return None
+        number /= denominator
+    return -number if m.group(1) == "-" else number
+
+
+def fraction_text(value: Fraction) -> str:
+    """A canonical text of an exact value: a decimal when it has one ("0.75", "-3.5", "1000"), else "p/q"."""
+    den = value.denominator
+    for prime in (2, 5):
+        while den % prime == 0:
+            den //= prime
+    if den != 1:
+        return f"{value.numerator}/{value.denominator}"
+    text = format(Decimal(value.numerator) / Decimal(value.denominator), "f")
+    return canonical(text) or text
+
+
+def number_text(value: str | None) -> str | None:
+    """The canonical text of a value that is a number or a fraction as a whole, else None."""
+    found = as_fraction(value)
+    return fraction_text(found) if found is not None else None
+
+
+def last_fraction(text: str) -> str | None:
+    """The last number or fraction in a text, canonical."""
+    found = _FRACTION_RE.findall(text)
+    return number_text(found[-1]) if found else None
+
+
+def committed_number(region: str) -> str | None:
+    """The last '#### N' or '\\boxed{N}' (N a number or a fraction), canonical: the number task's strict form."""
+    hashed = [(m.start(), m.group("v")) for m in _COMMITTED_NUMBER_RE.finditer(region)]
+    boxed = [(m.start(), _boxed_at(region, m)) for m in _BOXED_RE.finditer(region)]
+    committed = hashed + [(start, v) for start, v in boxed if v is not None]
+    for _, value in sorted(committed, reverse=True):
+        found = number_text(value) or (last_fraction(value) if value else None)
+        if found is not None:
+            return found
+    return None

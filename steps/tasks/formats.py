@@ -8,6 +8,9 @@ read from a row's answer field, and the strict and lenient readings of a complet
 - ``answer_is``: gold after the last ``The answer is:`` (MetaMathQA-style); strict ``The answer is: X``.
 - ``choice``: options in a list field, gold a letter (the whole answer field, or after ``The answer is:``);
   strict ``The answer is: B`` (or ``(B)``).
+- ``number``: gold the whole answer field, a bare number (``42``, ``1,000``, ``-3.5``, ``3/4``, or a parquet or
+  JSON integer), fields ``prompt``/``target`` first; GSM8K's prompt and strict ``#### N`` or ``\\boxed{N}``,
+  compared as exact fractions.
 
 Lenient readings also take any other built-in form (and, for a number, the last number). Every reading
 sees only the completion's answer region: a reasoning block is never graded.
@@ -18,9 +21,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from steps.gsm8k import answer as gsm8k_answer
-from steps.gsm8k.data import NO_FINAL_ANSWER
 from steps.gsm8k.prompt import INSTRUCTION as GSM8K_INSTRUCTION
 from steps.tasks import answers
+from steps.tasks.rows import COMMON_PAIRS
+
+NO_FINAL_ANSWER = "no '#### <number>' final answer"
+NO_NUMBER = "gold answer not a number"
 
 BOXED_INSTRUCTION = "Solve the problem. Write the final answer in \\boxed{}."
 ANSWER_IS_INSTRUCTION = 'Solve the problem. End with "The answer is:" followed by the answer.'
@@ -28,6 +34,11 @@ CHOICE_INSTRUCTION = 'Choose the correct option. End with "The answer is:" follo
 
 QUESTION_ANSWER = ("question", "answer")
 PROBLEM_SOLUTION = ("problem", "solution")
+
+
+def prefer(*first: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """``first``, then the other common pairs (steps/tasks/rows.py) in their order."""
+    return (*first, *(p for p in COMMON_PAIRS if p not in first))
 
 
 @dataclass(frozen=True)
@@ -44,8 +55,10 @@ class Format:
     name: str = ""
     instruction: str = GSM8K_INSTRUCTION
     #: The (question, answer) field pairs a file is auto-detected by, in order of preference.
-    field_pairs: tuple[tuple[str, str], ...] = (QUESTION_ANSWER, PROBLEM_SOLUTION)
+    field_pairs: tuple[tuple[str, str], ...] = prefer(QUESTION_ANSWER)
     needs_choices: bool = False
+    #: Whether a bare number (a parquet or JSON integer) is an answer field's value, as text is.
+    takes_numbers: bool = False
     #: Why a row's gold answer cannot be read: a reason key of validation.json.
     no_gold: str = NO_FINAL_ANSWER
 
@@ -79,7 +92,6 @@ class Gsm8kFormat(Format):
     """GSM8K's own grader (steps/gsm8k/answer.py), unchanged: grading goes through it (see BuiltinTask.grade)."""
 
     name = "gsm8k"
-    field_pairs = (QUESTION_ANSWER,)
 
     def gold(self, answer_text: str, choices: Sequence[str]) -> str | None:
         return gsm8k_answer.gold_answer(answer_text)
@@ -103,7 +115,7 @@ class HashFormat(Format):
 class BoxedFormat(Format):
     name = "boxed"
     instruction = BOXED_INSTRUCTION
-    field_pairs = (PROBLEM_SOLUTION, QUESTION_ANSWER)  # MATH: the solution holds \boxed{}, `answer` may not
+    field_pairs = prefer(PROBLEM_SOLUTION, QUESTION_ANSWER)  # MATH: the solution holds \boxed{}, `answer` may not
     no_gold = "no '\\boxed{...}' final answer"
 
     def gold(self, answer_text: str, choices: Sequence[str]) -> str | None:
@@ -158,5 +170,34 @@ class ChoiceFormat(Format):
         return extracted is not None and extracted.upper() == gold.upper()
 
 
+class NumberFormat(Format):
+    """The gold answer is the whole field, a number (``42``, ``1,000``, ``-3.5``, ``3/4``: a hub dataset's bare
+    target); GSM8K's prompt and readings, fractions included: strict ``#### N`` or ``\\boxed{N}``, lenient "the
+    answer is N", then the last number. Compared as exact fractions (``3/4`` = ``0.75``)."""
+
+    name = "number"
+    field_pairs = prefer(("prompt", "target"), QUESTION_ANSWER)
+    takes_numbers = True
+    no_gold = NO_NUMBER
+
+    def gold(self, answer_text: str, choices: Sequence[str]) -> str | None:
+        return answers.number_text(answer_text)
+
+    def read(self, region: str, choices: Sequence[str]) -> Reading:
+        committed = answers.committed_number(region)
+        if committed is not None:
+            return Reading(committed, None)
+        said = answers.last_said(region)
+        found = (answers.number_text(said) or answers.last_fraction(said)) if said else None
+        return Reading(None, found or answers.last_fraction(region))
+
+    def reference(self, answer_text: str, gold: str) -> str:
+        # The bare number is the gold, not an answer in the instructed form: say it as one.
+        return f"#### {gold}"
+
+    def same(self, extracted: str | None, gold: str) -> bool:
+        return extracted is not None and answers.as_fraction(extracted) == answers.as_fraction(gold)
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (Gsm8kFormat(), HashFormat(), BoxedFormat(), AnswerIsFormat(),
-                                                  ChoiceFormat())}
+                                                  ChoiceFormat(), NumberFormat())}

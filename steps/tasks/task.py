@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,11 +18,11 @@ from steps.config.models import TaskConfig
 from steps.dapo.chat import answer_region, render_messages
 from steps.dapo.task import Grade
 from steps.gsm8k import answer as gsm8k_answer
-from steps.gsm8k.data import RowError
 from steps.gsm8k.prompt import build_messages as gsm8k_messages
 from steps.tasks import answers
-from steps.tasks.formats import FORMATS, Format
-from steps.tasks.rows import Example, Fields, fields_for
+from steps.tasks.formats import FORMATS, Format, Gsm8kFormat
+from steps.tasks.reader import RowError
+from steps.tasks.rows import COMMON_PAIRS, Example, Fields, fields_for
 
 EMPTY_ANSWER = "empty answer"
 GRADER_REFUSED_ROW = "the grader's read_row refused it"
@@ -41,7 +42,16 @@ def _text(row: Mapping[str, Any], name: str) -> str:
     return row[name]
 
 
-def _question(row: Mapping[str, Any], fields: Fields) -> tuple[str, str]:
+def _number_as_text(value: Any) -> Any:
+    """A bare number (a parquet or JSON integer, float or decimal) as its text; anything else as it is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        return value
+    return format(Decimal(repr(value)) if isinstance(value, float) else Decimal(value), "f")
+
+
+def _question(row: Mapping[str, Any], fields: Fields, takes_numbers: bool = False) -> tuple[str, str]:
+    if takes_numbers and fields.answer in row:
+        row = {**row, fields.answer: _number_as_text(row[fields.answer])}
     question, answer = _text(row, fields.question), _text(row, fields.answer)
     if not question.strip():
         raise RowError(f"empty {fields.question}")
@@ -71,6 +81,8 @@ class RowTask:
     toy_learns: bool = True
     #: The reasons of a row rejected because its gold answer cannot be read (counted as graded, not agreed).
     no_gold_reasons: frozenset[str] = frozenset()
+    #: Whether the task reads the rows' question and answer fields (a grader's own read_row may not).
+    reads_fields: bool = True
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -127,7 +139,7 @@ class BuiltinTask(RowTask):
         return fields_for(first_row, self.cfg, self.format.field_pairs, self.format.needs_choices)
 
     def read(self, row: Mapping[str, Any], fields: Fields) -> Example:
-        question, answer = _question(row, fields)
+        question, answer = _question(row, fields, self.format.takes_numbers)
         choices = _choices(row, fields.choices) if fields.choices else ()
         gold = self.format.gold(answer, choices)
         if gold is None:
@@ -142,7 +154,7 @@ class BuiltinTask(RowTask):
         return frozenset({self.format.no_gold})
 
     def messages(self, example: Example) -> list[dict]:
-        if self.name == "gsm8k":
+        if isinstance(self.format, Gsm8kFormat) or self.name == "number":
             return gsm8k_messages(example.question)  # GSM8K's prompt, unchanged
         options = "".join(f"\n{letter}) {text}" for letter, text in zip(answers.letters(len(example.choices)),
                                                                          example.choices))
@@ -156,7 +168,8 @@ class BuiltinTask(RowTask):
             return Grade(correct=False, formatted=False, extracted=None)
         reading = self.format.read(region, example.choices)
         value = reading.committed if reading.committed is not None else reading.found
-        numeric = gsm8k_answer.canonical(example.gold) is not None
+        numeric = gsm8k_answer.canonical(example.gold) is not None and not self.format.takes_numbers
+        # A number task's reading is already canonical (a fraction stays one: "1/3", not its first number).
         extracted = (answers.as_number(value) or value) if numeric and value is not None else value
         right = self.format.same(value, example.gold)
         formatted = reading.committed is not None
@@ -178,10 +191,10 @@ class CustomTask(RowTask):
         super().__init__(cfg)
         self.obj = obj
         self.name = "custom"
+        self.reads_fields = getattr(obj, "read_row", None) is None
 
     def fields_for(self, first_row: Mapping[str, Any] | None) -> Fields:
-        pairs = (("question", "answer"), ("problem", "solution"))
-        return fields_for(first_row, self.cfg, pairs, False)
+        return fields_for(first_row, self.cfg, COMMON_PAIRS, False)
 
     def read(self, row: Mapping[str, Any], fields: Fields) -> Any:
         read_row = getattr(self.obj, "read_row", None)

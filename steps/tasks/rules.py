@@ -12,20 +12,14 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 import numpy as np
 
 from steps.cli import parameter
-from steps.gsm8k.data import (
-    PROMPT_TOO_LONG,
-    DataError,
-    RawLine,
-    RowError,
-    iter_lines,
-    jsonl_files,
-)
 from steps.gsm8k.prompt import render_prompt
+from steps.tasks.reader import PROMPT_TOO_LONG, DataError, RawLine, RowError, data_files, iter_lines
+from steps.tasks.rows import field_problem
 
 DUPLICATE_QUESTION = "duplicate question"
 GRADER_DISAGREES = "the grader does not agree with the gold answer"
@@ -34,7 +28,9 @@ GRADER_DISAGREES = "the grader does not agree with the gold answer"
 MIN_AGREEMENT = 0.5
 FIRST_N = 20  # rejected / overlapping rows listed in validation.json
 SHOWN = 5  # rejected rows quoted in a refusal message
-_ENCODER = json.JSONEncoder(ensure_ascii=False)  # reused: json.dumps builds one per call
+# Reused: json.dumps builds one per call. ``default=str``: a parquet row may hold a date or a decimal, which the
+# cleaned JSONL keeps as text.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
 
 
 def normalize_question(question: str) -> str:
@@ -133,13 +129,21 @@ class SplitScan:
     agreed: int = 0  # ... and graded its reference answer right
     first_disagreements: list[Rejection] = field(default_factory=list)
     hint: list[str] = field(default_factory=list)  # built-in tasks that read a gold answer this task could not
+    first_by_reason: dict[str, Rejection] = field(default_factory=dict)  # each reason's first row (the drop report)
+    field_problems: dict[str, str] = field(default_factory=dict)  # per file: a field its first row lacks, and help
 
     @property
     def rejected(self) -> int:
         return sum(self.by_reason.values())
 
+    @property
+    def dropped(self) -> int:
+        """Rows read and not kept: rejected, or (train) asking a held-out question."""
+        return self.rejected + self.overlap
+
     def reject(self, line: RawLine, reason: str, detail: str = "") -> None:
         self.by_reason[reason] += 1
+        self.first_by_reason.setdefault(reason, Rejection(line.file, line.line_no, reason, detail))
         if len(self.first_rejected) < FIRST_N:
             self.first_rejected.append(Rejection(line.file, line.line_no, reason, detail))
 
@@ -182,15 +186,19 @@ def read_example(task: Any, scan: SplitScan, line: RawLine) -> Any:
     fields = scan.fields.get(line.file)
     if fields is None:  # found from each file's first row
         fields = scan.fields[line.file] = task.fields_for(line.row)
+        problem = field_problem(line.row, fields, Path(line.file).name) if task.reads_fields else None
+        if problem:
+            scan.field_problems[line.file] = problem
     try:
         example = task.read(line.row, fields)
     except RowError as exc:
+        answer = line.row.get(fields.answer)
         if exc.reason in task.no_gold_reasons:
             scan.checked += 1
             scan.disagree(line, exc.reason, exc.detail)
-            answer = line.row.get(fields.answer)
-            if not scan.hint and isinstance(answer, str):
-                scan.hint = task.readers_of(answer, line.row.get(fields.choices or "choices"))
+        if not scan.hint and isinstance(answer, (str, int, float)) and not isinstance(answer, bool):
+            # A bare number is no string to the text tasks, yet the number task reads it: say so.
+            scan.hint = task.readers_of(str(answer), line.row.get(fields.choices or "choices"))
         raise
     scan.checked += 1
     agreed, why = task.check_gold(example)
@@ -201,7 +209,7 @@ def read_example(task: Any, scan: SplitScan, line: RawLine) -> Any:
     return example
 
 
-def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None = None,
+def scan_split(name: str, path: str | Sequence[Path], out: TextIO, eval_digests: DigestSet | None = None,
                budget: PromptBudget | None = None, *, task: Any, overlap_reason: str = "also in eval") -> SplitScan:
     """Stream one split, write its clean rows to ``out``, and count the rest.
 
@@ -213,10 +221,11 @@ def scan_split(name: str, path: str, out: TextIO, eval_digests: DigestSet | None
     ``overlap_reason`` names an overlap in ``first_overlap`` (a re-evaluation's held-out split: "trained on").
     """
     try:
-        inputs = [{"file": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in jsonl_files(path)]
+        inputs = [{"file": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in data_files(path)]
     except OSError as exc:
         raise DataError(f"{exc.filename}: cannot read ({exc.strerror}); check the file and its permissions") from None
-    scan = SplitScan(name=name, path=str(path), inputs=inputs)
+    where = str(path) if isinstance(path, (str, Path)) else str(Path(path[0]).parent)  # a split's files: one folder
+    scan = SplitScan(name=name, path=where, inputs=inputs)
     for line in iter_lines(path):
         scan.rows += 1
         try:
@@ -252,7 +261,17 @@ def _describe(scan: SplitScan) -> str:
 
 
 def _first_problems(scan: SplitScan) -> list[str]:
-    return [f"    {r}" for r in scan.first_rejected[:SHOWN]]
+    return [f"    {r}" for r in scan.first_rejected[:SHOWN]] + [f"    {p}" for p in scan.field_problems.values()]
+
+
+def hint_text(scan: SplitScan) -> str:
+    """'; these answers read as the built-in task X (TASK=X, ...)' when another built-in task reads the gold answers
+    this one could not (a bare number: the number task), else ''."""
+    if not scan.hint:
+        return ""
+    name = scan.hint[0]
+    return (f"; these answers read as the built-in task {' or '.join(scan.hint)} (TASK={name}, --task {name}, "
+            f"task.name: {name})")
 
 
 def agreement_problem(scan: SplitScan, task_name: str) -> str | None:
@@ -262,8 +281,7 @@ def agreement_problem(scan: SplitScan, task_name: str) -> str | None:
     fields = "; ".join(f"{Path(f).name}: question {v.question!r}, answer {v.answer!r}"
                        + (f", choices {v.choices!r}" if v.choices else "") + f" ({v.source})"
                        for f, v in scan.fields.items())
-    hint = (f"these answers read as the built-in task {' or '.join(scan.hint)} (TASK={scan.hint[0]}, "
-            f"--task {scan.hint[0]}, task.name: {scan.hint[0]})" if scan.hint else
+    hint = (hint_text(scan)[2:] if scan.hint else
             "choose the task whose answer format the data has (task.name, the Task parameter, TASK=)")
     return (f"the {task_name} task's grader cannot read the gold answers of {scan.name}: it agreed with "
             f"{scan.agreed} of {scan.checked} rows in {scan.path} (fields of {fields}), first:\n"
@@ -284,7 +302,7 @@ def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_ove
         )
     if eval_.kept == 0:
         problems.append(
-            f"eval data has no usable rows: {_describe(eval_)}\n"
+            f"eval data has no usable rows: {_describe(eval_)}{hint_text(eval_)}\n"
             + "\n".join(_first_problems(eval_))
             + ("\n  fix: provide held-out rows {\"question\": ..., \"answer\": \"... #### <number>\"}"
                if task_name == "gsm8k" else f"\n  fix: provide held-out rows the {task_name} task can read "
@@ -297,7 +315,7 @@ def refusal_problems(train: SplitScan, eval_: SplitScan, batch_size: int, on_ove
                if train.kept else f"and check it is {kind}")
         problems.append(
             f"train data has {train.kept} usable rows, fewer than the batch size "
-            f"({parameter('BatchSize', batch_size, '--batch-size')}): {_describe(train)}\n"
+            f"({parameter('BatchSize', batch_size, '--batch-size')}): {_describe(train)}{hint_text(train)}\n"
             + "\n".join(_first_problems(train))
             + f"\n  fix: correct or drop the rejected rows, add rows, {fix}"
         )
