@@ -119,7 +119,7 @@ def test_a_misspelled_field_is_named_with_the_files_fields_before_any_service_st
             r"question/answer, .* is in it; its fields: qestion, answer; did you mean task.question_field: qestion\?")
     with pytest.raises(Refused, match=want):
         check.check(str(data), build_task(TaskConfig()), out=lambda line: None)
-    with pytest.raises(Refused, match=f"DATA={re.escape(str(data))}: {want}"):
+    with pytest.raises(Refused, match=f"--data {re.escape(str(data))}: {want}"):
         local_run.main(["--runs-dir", str(tmp_path / "runs"), "--data", str(data)])
     assert not (tmp_path / "runs").exists()  # refused before anything was created
 
