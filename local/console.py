@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steps import terminal
 from steps.terminal import WIDTH, fit
 
 
@@ -118,7 +118,7 @@ SHOWN = ("data:", "forecast:", "sampling:", "train:", "eval:", "done:", "approve
 def say(text: str, file: Any = None) -> None:
     """One of the run's own messages, within the terminal's 100 columns (:func:`fit`); local-run.log
     keeps it too, timestamped, among the runner's warnings and tracebacks."""
-    print("\n".join(fit(text)), file=file or sys.stdout, flush=True)
+    terminal.say(text, file)
     logging.getLogger("local.run").info("%s", text)
 
 

@@ -170,17 +170,18 @@ def fresh_plan(args: argparse.Namespace) -> Plan:
         if shaped:
             raise Refused(f"{option('--data', args.data)}: the run trains on your files; {' and '.join(shaped)} "
                           "shape the generated toy data only, drop them")
-        data_files(args.data)
+        splits = data_files(args.data)
     elif plan.train_rows < 0 or plan.eval_rows < 0 or plan.train_rows + plan.eval_rows > MAX_ROWS:
         raise Refused(f"--train-rows {plan.train_rows} and --eval-rows {plan.eval_rows}: each at least 0, "
                       f"together at most {MAX_ROWS} (the toy task's distinct questions)")
-    task = task_of(check_params(plan.params, plan.config), toy_data=args.data is None)
+    run_config = check_params(plan.params, plan.config)
+    task = task_of(run_config, toy_data=args.data is None)
     if args.data is not None:  # a field the task cannot find: said now, not by ValidateData once the stack is up
         from local import user_data
 
-        user_data.precheck(task, data_files(args.data))
-    if args.data is None:
-        check_batch_size(check_params(plan.params, plan.config).dapo.batch_size, plan.train_rows)
+        user_data.precheck(task, splits)
+    else:
+        check_batch_size(run_config.dapo.batch_size, plan.train_rows)
     return plan
 
 
@@ -411,14 +412,15 @@ def _run(plan: Plan, run_dir: Path, args: argparse.Namespace, ended: Ended) -> i
     cfg = load(plan.config)[0]
     execution_config = check_params(plan.params, plan.config)
     say(budget.describe_toy(execution_config.dapo))  # the toy's own figures: its model is not served on AWS
+    task = task_of(execution_config, toy_data=False)
     if plan.data:  # checked before anything was created; a resume reads the copies
         say(f"data: your files from {plan.data}, copied to {run_dir / 'data'} (train/, eval/)")
         if not plan.run_id:
             from local import user_data
 
-            for line in user_data.precheck(task_of(execution_config, toy_data=False), data_files(plan.data)):
+            for line in user_data.precheck(task, data_files(plan.data)):
                 say(f"data: {line}")
-    for note in task_notes(task_of(execution_config, toy_data=False)):
+    for note in task_notes(task):
         say(note)
     # What SageMaker's MLflow tracking server is on AWS: a local store every local run logs to.
     tracking_env = {tracking.ENV_TRACKING_URI: report.mlflow_store(Path(args.runs_dir), cfg.experiment_name),

@@ -15,7 +15,6 @@ from typing import Any
 
 from steps.cli import Refused, option
 from steps.tasks.reader import first_row
-from steps.tasks.rows import field_problem
 from steps.tasks.splits import Splits, find_splits
 
 #: Where a run keeps the user's files: runs/<id>/data/<split>/, uploaded as the split's S3 prefix.
@@ -31,9 +30,7 @@ def precheck(task: Any, splits: Splits) -> list[str]:
     """Each split's fields as the task finds them in its first file; a missing or misspelled field is refused."""
     said = []
     for name, files in (("train", splits.train), (splits.held_out_name, splits.held_out)):
-        row = first_row(files[0])
-        fields = task.fields_for(row)
-        problem = field_problem(row, fields, files[0].name) if task.reads_fields else None
+        fields, problem = task.fields_of(first_row(files[0]), files[0].name)
         if problem:
             raise Refused(f"{option('--data', files[0].parent)}: {problem} ({option('--task', task.name)})")
         said.append(f"{name} {len(files)} file{'s' * (len(files) > 1)} ({files[0].name}{', ...' * (len(files) > 1)})"

@@ -22,7 +22,6 @@ from steps.config.load import task_name_problem
 from steps.platform.versions import require_training_session_sdk
 from steps.tasks.drops import drop_lines, too_many_dropped
 from steps.tasks.reader import DataError, RawLine, RowError, data_files, first_row, iter_lines
-from steps.tasks.rows import field_problem
 from steps.tasks.rules import (
     GRADER_DISAGREES,
     MIN_AGREEMENT,
@@ -78,9 +77,7 @@ def check_fields(task: RowTask, files: list[Path]) -> str:
     when a file lacks one (before any row is read)."""
     described = ""
     for f in files:
-        row = first_row(f)
-        fields = task.fields_for(row)
-        problem = field_problem(row, fields, f.name) if task.reads_fields else None
+        fields, problem = task.fields_of(first_row(f), f.name)
         if problem:
             raise Refused(f"{problem} (TASK={task.name})")
         choices = f", choices {fields.choices!r}" if fields.choices else ""

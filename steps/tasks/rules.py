@@ -19,7 +19,6 @@ import numpy as np
 from steps.cli import parameter
 from steps.gsm8k.prompt import render_prompt
 from steps.tasks.reader import PROMPT_TOO_LONG, DataError, RawLine, RowError, data_files, iter_lines
-from steps.tasks.rows import field_problem
 
 DUPLICATE_QUESTION = "duplicate question"
 GRADER_DISAGREES = "the grader does not agree with the gold answer"
@@ -185,8 +184,8 @@ def read_example(task: Any, scan: SplitScan, line: RawLine) -> Any:
     cannot be read, or whose own reference answer the grader does not give full marks, is a disagreement."""
     fields = scan.fields.get(line.file)
     if fields is None:  # found from each file's first row
-        fields = scan.fields[line.file] = task.fields_for(line.row)
-        problem = field_problem(line.row, fields, Path(line.file).name) if task.reads_fields else None
+        fields, problem = task.fields_of(line.row, Path(line.file).name)
+        scan.fields[line.file] = fields
         if problem:
             scan.field_problems[line.file] = problem
     try:

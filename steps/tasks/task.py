@@ -22,7 +22,7 @@ from steps.gsm8k.prompt import build_messages as gsm8k_messages
 from steps.tasks import answers
 from steps.tasks.formats import FORMATS, Format, Gsm8kFormat
 from steps.tasks.reader import RowError
-from steps.tasks.rows import COMMON_PAIRS, Example, Fields, fields_for
+from steps.tasks.rows import COMMON_PAIRS, Example, Fields, field_problem, fields_for
 
 EMPTY_ANSWER = "empty answer"
 GRADER_REFUSED_ROW = "the grader's read_row refused it"
@@ -89,6 +89,12 @@ class RowTask:
 
     def fields_for(self, first_row: Mapping[str, Any] | None) -> Fields:
         raise NotImplementedError
+
+    def fields_of(self, first_row: Mapping[str, Any] | None, file_name: str) -> tuple[Fields, str | None]:
+        """The fields of a file whose first row is ``first_row``, and what is wrong with them (a field the task
+        reads and the file lacks, with the file's own fields and a "did you mean"), or None."""
+        fields = self.fields_for(first_row)
+        return fields, field_problem(first_row, fields, file_name) if self.reads_fields else None
 
     def read(self, row: Mapping[str, Any], fields: Fields) -> Example:
         """The example of a parsed row; raises RowError saying what is wrong."""
